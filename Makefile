@@ -1,13 +1,14 @@
 # The single entry point. Everything runs inside .venv, created from requirements.txt.
-#   make book   build the book into _build/html (installs what it needs first)
-#   make test   run the whole test suite (installs what it needs first)
+#   make book         build the book into _build/html (installs what it needs first)
+#   make course-book  build the course edition (no solutions) into _build/course/html
+#   make test         run the whole test suite (installs what it needs first)
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv book test clean
+.PHONY: venv book course-book mathjax chromium test clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,8 +19,51 @@ $(STAMP): requirements.txt pyproject.toml
 
 venv: $(STAMP)
 
-test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+# ---- the book ---------------------------------------------------------------------
+# Both editions are staged by tools/stage_book.py (solutions folded or removed, hidden
+# tests stripped), built with warnings as errors, and moved into _build only when the
+# build succeeded. The notebooks are rendered as committed (never executed here);
+# tools/check_notebooks.py refuses notebooks not run top to bottom or with errors.
+JB_FLAGS := -W -n --keep-going
+NOTEBOOKS ?= notebooks
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT_INSTALL := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends
+MATHJAX := _vendor/mathjax/tex-chtml.js
+
+$(MATHJAX): tools/vendor_mathjax.sh
+	command -v npm >/dev/null || { $(SUDO) apt-get update -qq && $(APT_INSTALL) npm; }
+	tools/vendor_mathjax.sh
+
+mathjax: $(MATHJAX)
+
+book: $(STAMP) $(MATHJAX)
+	rm -rf _build/html _build/.doctrees _build/jupyter_execute _stage/public
+	$(BIN)/python tools/check_notebooks.py $(NOTEBOOKS)
+	$(BIN)/python tools/stage_book.py --mode public --out _stage/public --notebooks $(NOTEBOOKS)
+	$(BIN)/jupyter-book build _stage/public --path-output _stage/public $(JB_FLAGS)
+	mkdir -p _build && mv _stage/public/_build/html _build/html
+
+course-book: $(STAMP) $(MATHJAX)
+	rm -rf _build/course _stage/course
+	$(BIN)/python tools/check_notebooks.py $(NOTEBOOKS)
+	$(BIN)/python tools/stage_book.py --mode course --out _stage/course --notebooks $(NOTEBOOKS)
+	$(BIN)/jupyter-book build _stage/course --path-output _stage/course $(JB_FLAGS)
+	mkdir -p _build/course && mv _stage/course/_build/html _build/course/html
+
+# ---- tests --------------------------------------------------------------------------
+# Headless Chromium for tests/test_book_browser.py (Debian's package).
+chromium:
+	test -x /usr/bin/chromium || { $(SUDO) apt-get update -qq && $(APT_INSTALL) chromium fonts-dejavu-core; }
+
+# Both book builds run first; a failed build leaves no site, which the book tests
+# report, so every failure ends up in pytest's summary, the last line printed.
+# nbval re-executes every notebook (strict: all outputs compared, after
+# nbval_sanitize.cfg), one notebook per worker (--dist loadfile).
+NBVAL_FLAGS := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg --nbval-cell-timeout 300
+test: $(STAMP) chromium
+	-$(MAKE) --no-print-directory book
+	-$(MAKE) --no-print-directory course-book
+	$(BIN)/python -m pytest -n 2 --dist loadfile $(NBVAL_FLAGS) tests notebooks
 
 clean:
-	rm -rf _build _stage
+	rm -rf _build _stage _vendor

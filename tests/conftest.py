@@ -1,0 +1,112 @@
+"""Shared test fixtures: the device fixture and random float64 parameter dicts.
+
+``device`` runs a torch test on every device this machine has: CPU always, CUDA and
+MPS when present (otherwise the test is reported as skipped with the reason).
+``make_params`` builds random NumPy parameter dicts in the layout of ``API.md``;
+``to_torch`` turns any nested dict/list of arrays into tensors on a device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+_mps = getattr(torch.backends, "mps", None)
+_HAS_MPS = _mps is not None and _mps.is_available()
+
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")),
+    pytest.param("mps", marks=pytest.mark.skipif(not _HAS_MPS, reason="no MPS device")),
+]
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    """A ``torch.device`` for each available device type."""
+    return torch.device(request.param)
+
+
+def random_mha_params(rng, D, bias=True):
+    """``{"W_Q", "W_K", "W_V", "W_O": (D, D), "b_*": (D,)}`` with entries of scale ``1/sqrt(D)``."""
+    s = 1.0 / np.sqrt(D)
+    p = {f"W_{n}": rng.standard_normal((D, D)) * s for n in "QKVO"}
+    for n in "QKVO":
+        p[f"b_{n}"] = rng.standard_normal(D) * 0.1 if bias else None
+    return p
+
+
+def random_ffn_params(rng, D, D_ff):
+    return {
+        "W_1": rng.standard_normal((D, D_ff)) / np.sqrt(D),
+        "b_1": rng.standard_normal(D_ff) * 0.1,
+        "W_2": rng.standard_normal((D_ff, D)) / np.sqrt(D_ff),
+        "b_2": rng.standard_normal(D) * 0.1,
+    }
+
+
+def random_norm_params(rng, D):
+    return {"gamma": 1.0 + 0.1 * rng.standard_normal(D), "beta": 0.1 * rng.standard_normal(D)}
+
+
+def random_encoder_params(rng, D, D_ff):
+    return {
+        "attn": random_mha_params(rng, D),
+        "ffn": random_ffn_params(rng, D, D_ff),
+        "norm1": random_norm_params(rng, D),
+        "norm2": random_norm_params(rng, D),
+    }
+
+
+def random_decoder_params(rng, D, D_ff):
+    return {
+        "self_attn": random_mha_params(rng, D),
+        "cross_attn": random_mha_params(rng, D),
+        "ffn": random_ffn_params(rng, D, D_ff),
+        "norm1": random_norm_params(rng, D),
+        "norm2": random_norm_params(rng, D),
+        "norm3": random_norm_params(rng, D),
+    }
+
+
+def to_torch(obj, device="cpu", requires_grad=False):
+    """Nested dicts/lists/tuples of ndarrays -> the same structure of tensors (None stays None)."""
+    if obj is None:
+        return None
+    if isinstance(obj, dict):
+        return {k: to_torch(v, device, requires_grad) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_torch(v, device, requires_grad) for v in obj)
+    t = torch.as_tensor(np.asarray(obj), device=device)
+    if requires_grad and t.is_floating_point():
+        t.requires_grad_(True)
+    return t
+
+
+class ParamFactory:
+    """The builders above, bound to one seeded generator."""
+
+    def __init__(self, seed=0):
+        self.rng = np.random.default_rng(seed)
+
+    def mha(self, D, bias=True):
+        return random_mha_params(self.rng, D, bias)
+
+    def ffn(self, D, D_ff):
+        return random_ffn_params(self.rng, D, D_ff)
+
+    def norm(self, D):
+        return random_norm_params(self.rng, D)
+
+    def encoder(self, D, D_ff):
+        return random_encoder_params(self.rng, D, D_ff)
+
+    def decoder(self, D, D_ff):
+        return random_decoder_params(self.rng, D, D_ff)
+
+
+@pytest.fixture
+def make_params():
+    """``make_params(seed)`` -> a :class:`ParamFactory` of float64 parameter dicts."""
+    return ParamFactory

@@ -1,0 +1,396 @@
+"""tfbook.torch.modules against PyTorch's built-in layers, tfbook.numpy and gradcheck.
+
+Tolerances
+----------
+Everything here runs in float64. Two implementations of the same formula differ only
+by the order of floating-point operations (PyTorch fuses the three input projections
+into one matmul, its kernels block the sums differently), which costs a few units of
+float64 round-off (~1e-16 relative) per operation. ``ATOL = 1e-12`` leaves a margin of
+about a thousand over the largest difference measured in this file (1.3e-15), while a
+real mistake (a transposed weight, a wrong eps, the wrong activation or LayerNorm
+placement) moves outputs by 1e-6 or much more.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.func import functional_call
+
+import tfbook.numpy as tnp
+from tfbook.torch import functional as TF
+from tfbook.torch.modules import (
+    DecoderBlock,
+    EncoderBlock,
+    FeedForward,
+    KVCache,
+    LayerNorm,
+    LearnedPositionalEmbedding,
+    MultiHeadAttention,
+    PatchEmbedding,
+    SinusoidalPositionalEncoding,
+)
+
+ATOL = 1e-12  # float64 round-off, see the module docstring
+DT = torch.float64
+
+
+def close(a, b, atol=ATOL):
+    a = a.detach().numpy() if isinstance(a, torch.Tensor) else np.asarray(a)
+    b = b.detach().numpy() if isinstance(b, torch.Tensor) else np.asarray(b)
+    np.testing.assert_allclose(a, b, rtol=0, atol=atol)
+
+
+def key_valid(B, T, seed):
+    """(B, T) validity with padding at the end; every sequence keeps at least one token."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[0] = T  # at least one full row
+    lengths[-1] = max(1, T - 2)  # at least one padded row
+    return torch.arange(T)[None, :] < lengths[:, None]
+
+
+# --- MultiHeadAttention ------------------------------------------------------------------
+
+MHA_CASES = [
+    # B, T_q, T_kv, D, H, bias, seed
+    (2, 5, 5, 16, 4, True, 0),
+    (3, 4, 7, 12, 3, True, 1),
+    (1, 6, 6, 8, 1, False, 2),
+    (2, 3, 9, 32, 8, False, 3),
+]
+
+
+@pytest.mark.parametrize("B, T_q, T_kv, D, H, bias, seed", MHA_CASES)
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "padding", "random"])
+def test_mha_from_torch_matches(B, T_q, T_kv, D, H, bias, seed, mask_kind):
+    torch.manual_seed(seed)
+    ref = nn.MultiheadAttention(D, H, bias=bias, batch_first=True, dtype=DT)
+    if bias:  # torch starts its biases at zero; make them count
+        with torch.no_grad():
+            ref.in_proj_bias.normal_()
+            ref.out_proj.bias.normal_()
+    ours = MultiHeadAttention.from_torch(ref)
+    assert ours.W_Q.dtype == DT and ours.num_heads == H and ours.bias == bias
+    X_q = torch.randn(B, T_q, D, dtype=DT)
+    X_kv = X_q if T_q == T_kv else torch.randn(B, T_kv, D, dtype=DT)
+
+    mask = attn_mask = key_padding = None
+    if mask_kind == "causal":
+        # the queries are the last T_q of T_kv positions (as with a KV cache)
+        mask = torch.ones(T_q, T_kv, dtype=torch.bool).tril(diagonal=T_kv - T_q)
+        attn_mask = ~mask  # torch: True = blocked
+    elif mask_kind == "padding":
+        valid = key_valid(B, T_kv, seed)
+        mask = valid[:, None, :]  # (B, 1, T_kv), ours: True = may attend
+        key_padding = ~valid
+    elif mask_kind == "random":
+        g = torch.Generator().manual_seed(seed + 100)
+        mask = torch.rand(T_q, T_kv, generator=g) < 0.6
+        mask[:, 0] = True  # no query row may be fully blocked (torch would give NaN)
+        attn_mask = ~mask
+
+    Z_ref, P_ref = ref(X_q, X_kv, X_kv, attn_mask=attn_mask, key_padding_mask=key_padding,
+                       need_weights=True, average_attn_weights=False)
+    Z, P = ours(X_q, None if X_kv is X_q else X_kv, mask=mask)
+    assert Z.shape == (B, T_q, D) and P.shape == (B, H, T_q, T_kv)
+    close(Z, Z_ref)
+    close(P, P_ref)
+
+    # the NumPy reference with the exported parameters
+    params = ours.numpy_params()
+    assert all(v.dtype == np.float64 for v in params.values() if v is not None)
+    assert (params["b_Q"] is None) == (not bias)
+    Z_np, P_np = tnp.multi_head_attention(
+        X_q.numpy(), X_kv.numpy(), params, H, mask=None if mask is None else mask.numpy()
+    )
+    close(Z_np, Z)
+    close(P_np, P)
+
+
+def test_mha_row_with_nothing_to_attend_is_zero_not_nan():
+    torch.manual_seed(0)
+    m = MultiHeadAttention(8, 2).double()
+    with torch.no_grad():
+        m.b_O.normal_()
+    X = torch.randn(1, 3, 8, dtype=DT)
+    mask = torch.ones(3, 3, dtype=torch.bool)
+    mask[1] = False  # query 1 may attend to nothing
+    Z, P = m(X, mask=mask)
+    assert torch.isfinite(Z).all()
+    assert torch.all(P[:, :, 1] == 0)
+    close(Z[0, 1], m.b_O)  # zero attention output, then only the output bias remains
+
+
+def test_mha_kv_cache_equals_full_causal():
+    torch.manual_seed(1)
+    B, T, D, H = 2, 6, 16, 4
+    m = MultiHeadAttention(D, H).double()
+    X = torch.randn(B, T, D, dtype=DT)
+    Z_full, _ = m(X, mask=TF.causal_mask(T))
+    cache = KVCache()
+    # a prefill of 3 tokens, then one token at a time
+    mask = torch.ones(3, 3, dtype=torch.bool).tril()
+    Z_parts = [m(X[:, :3], mask=mask, kv_cache=cache)[0]]
+    for t in range(3, T):
+        Z_parts.append(m(X[:, t:t + 1], kv_cache=cache)[0])
+        assert len(cache) == t + 1
+    close(torch.cat(Z_parts, dim=1), Z_full)
+
+
+def test_mha_from_torch_rejects_unsupported():
+    with pytest.raises(ValueError, match="kdim"):
+        MultiHeadAttention.from_torch(nn.MultiheadAttention(8, 2, kdim=4, vdim=4))
+    with pytest.raises(ValueError, match="add_bias_kv"):
+        MultiHeadAttention.from_torch(nn.MultiheadAttention(8, 2, add_bias_kv=True))
+
+
+def test_mha_bad_input():
+    with pytest.raises(ValueError, match="num_heads=3 does not divide D=10"):
+        MultiHeadAttention(10, 3)
+    m = MultiHeadAttention(8, 2)
+    with pytest.raises(ValueError, match=r"X_q has last axis 7 but d_model=8.*\(2, 5, 7\)"):
+        m(torch.randn(2, 5, 7))
+    with pytest.raises(ValueError, match=r"X_kv has last axis 6 but d_model=8"):
+        m(torch.randn(2, 5, 8), torch.randn(2, 4, 6))
+    with pytest.raises(ValueError, match="mask"):
+        m(torch.randn(2, 5, 8), mask=torch.ones(4, 4, dtype=torch.bool))
+
+
+# --- encoder and decoder blocks ----------------------------------------------------------
+
+BLOCK_CASES = [
+    # B, T, D, H, D_ff, eps, seed
+    (2, 5, 16, 4, 32, 1e-5, 0),
+    (3, 7, 12, 2, 48, 1e-6, 1),
+]
+
+
+def _randomise_norms(layer):
+    # torch starts LayerNorm at gamma = 1, beta = 0, which would hide a swapped gamma/beta
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            if name.startswith("norm"):
+                p.normal_(mean=1.0 if name.endswith("weight") else 0.0, std=0.3)
+
+
+@pytest.mark.parametrize("B, T, D, H, D_ff, eps, seed", BLOCK_CASES)
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "padding"])
+def test_encoder_block_from_torch_matches(B, T, D, H, D_ff, eps, seed, norm_first, activation, mask_kind):
+    torch.manual_seed(seed)
+    ref = nn.TransformerEncoderLayer(D, H, D_ff, dropout=0.0, activation=activation,
+                                     layer_norm_eps=eps, batch_first=True,
+                                     norm_first=norm_first, dtype=DT)
+    _randomise_norms(ref)
+    ours = EncoderBlock.from_torch(ref)
+    assert (ours.norm_first, ours.activation, ours.eps) == (norm_first, activation, eps)
+    X = torch.randn(B, T, D, dtype=DT)
+
+    mask = src_mask = key_padding = None
+    if mask_kind == "causal":
+        mask = TF.causal_mask(T)
+        src_mask = ~mask
+    elif mask_kind == "padding":
+        valid = key_valid(B, T, seed)
+        mask = valid[:, None, :]
+        key_padding = ~valid
+    Y_ref = ref(X, src_mask=src_mask, src_key_padding_mask=key_padding)
+    Y = ours(X, mask=mask)
+    assert Y.shape == (B, T, D)
+    close(Y, Y_ref)  # padded query rows too: they attend to the valid keys
+
+    np_mask = None if mask is None else mask.numpy()
+    Y_np = tnp.encoder_block(X.numpy(), ours.numpy_params(), H, norm_first=norm_first,
+                             activation=activation, mask=np_mask, eps=eps)
+    close(Y_np, Y)
+    Y_fn = TF.encoder_block(X, ours.params(), H, norm_first=norm_first, activation=activation,
+                            mask=mask, eps=eps)
+    close(Y_fn, Y)
+
+
+@pytest.mark.parametrize("B, T, D, H, D_ff, eps, seed", BLOCK_CASES)
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_decoder_block_from_torch_matches(B, T, D, H, D_ff, eps, seed, norm_first, activation, masked):
+    torch.manual_seed(seed)
+    ref = nn.TransformerDecoderLayer(D, H, D_ff, dropout=0.0, activation=activation,
+                                     layer_norm_eps=eps, batch_first=True,
+                                     norm_first=norm_first, dtype=DT)
+    _randomise_norms(ref)
+    ours = DecoderBlock.from_torch(ref)
+    assert (ours.norm_first, ours.activation, ours.eps) == (norm_first, activation, eps)
+    S = T + 2
+    X = torch.randn(B, T, D, dtype=DT)
+    memory = torch.randn(B, S, D, dtype=DT)
+
+    if masked:
+        tgt_valid = key_valid(B, T, seed)
+        mem_valid = key_valid(B, S, seed + 1)
+        self_mask = TF.causal_mask(T) & tgt_valid[:, None, :]  # (B, T, T)
+        cross_mask = mem_valid[:, None, :]  # (B, 1, S)
+        Y_ref = ref(X, memory, tgt_mask=~TF.causal_mask(T), tgt_key_padding_mask=~tgt_valid,
+                    memory_key_padding_mask=~mem_valid)
+    else:
+        self_mask = cross_mask = None
+        Y_ref = ref(X, memory)
+    Y = ours(X, memory, self_mask=self_mask, cross_mask=cross_mask)
+    assert Y.shape == (B, T, D)
+    close(Y, Y_ref)
+
+    to_np = (lambda m: None if m is None else m.numpy())
+    Y_np = tnp.decoder_block(X.numpy(), memory.numpy(), ours.numpy_params(), H,
+                             norm_first=norm_first, activation=activation,
+                             self_mask=to_np(self_mask), cross_mask=to_np(cross_mask), eps=eps)
+    close(Y_np, Y)
+    Y_fn = TF.decoder_block(X, memory, ours.params(), H, norm_first=norm_first,
+                            activation=activation, self_mask=self_mask, cross_mask=cross_mask, eps=eps)
+    close(Y_fn, Y)
+
+
+def test_block_attention_weights_are_returned():
+    torch.manual_seed(0)
+    enc = EncoderBlock(8, 2, 16).double()
+    X = torch.randn(2, 4, 8, dtype=DT)
+    Y, P = enc(X, return_attention=True)
+    close(Y, enc(X), atol=0)  # the same computation, bit for bit
+    assert P.shape == (2, 2, 4, 4)
+    close(P.sum(-1), torch.ones(2, 2, 4, dtype=DT), atol=1e-12)  # rows of P sum to one
+    dec = DecoderBlock(8, 2, 16).double()
+    memory = torch.randn(2, 6, 8, dtype=DT)
+    _, (P_self, P_cross) = dec(X, memory, return_attention=True)
+    assert P_self.shape == (2, 2, 4, 4) and P_cross.shape == (2, 2, 4, 6)
+
+
+def test_from_torch_reads_activation_or_refuses():
+    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, activation=nn.GELU(), batch_first=True)
+    assert EncoderBlock.from_torch(layer).activation == "gelu"
+    layer = nn.TransformerEncoderLayer(8, 2, 16, activation=nn.functional.silu, batch_first=True)
+    with pytest.raises(ValueError, match="activation"):
+        EncoderBlock.from_torch(layer)
+    layer = nn.TransformerDecoderLayer(8, 2, 16, activation=nn.GELU(approximate="tanh"), batch_first=True)
+    with pytest.raises(ValueError, match="approximate"):
+        DecoderBlock.from_torch(layer)
+    with pytest.raises(ValueError, match="TransformerEncoderLayer"):
+        EncoderBlock.from_torch(nn.Linear(3, 3))
+
+
+def test_from_torch_without_biases():
+    torch.manual_seed(3)
+    ref = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True, bias=False, dtype=DT)
+    ours = EncoderBlock.from_torch(ref)
+    X = torch.randn(2, 5, 8, dtype=DT)
+    close(ours(X), ref(X))
+
+
+def test_block_bad_input():
+    with pytest.raises(ValueError, match="num_heads=3 does not divide"):
+        EncoderBlock(16, 3, 32)
+    with pytest.raises(ValueError, match="activation"):
+        DecoderBlock(16, 4, 32, activation="tanh")
+    dec = DecoderBlock(16, 4, 32)
+    with pytest.raises(ValueError, match=r"memory has last axis 8 but d_model=16"):
+        dec(torch.randn(2, 3, 16), torch.randn(2, 5, 8))
+    with pytest.raises(ValueError, match="d_model=16"):
+        EncoderBlock(16, 4, 32)(torch.randn(2, 3, 12))
+
+
+# --- gradcheck ---------------------------------------------------------------------------
+
+
+def _gradcheck_module(module, *inputs, **kwargs):
+    """gradcheck with respect to the inputs and every parameter of ``module``."""
+    module = module.double()
+    names = [n for n, _ in module.named_parameters()]
+    params = [p.detach().clone().requires_grad_(True) for _, p in module.named_parameters()]
+    inputs = [x.detach().clone().requires_grad_(x.is_floating_point()) for x in inputs]
+    n_in = len(inputs)
+
+    def f(*args):
+        out = functional_call(module, dict(zip(names, args[n_in:])), tuple(args[:n_in]), kwargs)
+        return out[0] if isinstance(out, tuple) else out
+
+    assert torch.autograd.gradcheck(f, (*inputs, *params), eps=1e-6, atol=1e-5)
+
+
+def test_gradcheck_mha():
+    torch.manual_seed(0)
+    _gradcheck_module(MultiHeadAttention(4, 2), torch.randn(2, 3, 4, dtype=DT),
+                      torch.randn(2, 2, 4, dtype=DT))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_gradcheck_encoder_block(norm_first):
+    torch.manual_seed(1)
+    _gradcheck_module(EncoderBlock(4, 2, 6, norm_first=norm_first, activation="gelu"),
+                      torch.randn(2, 3, 4, dtype=DT), mask=TF.causal_mask(3))
+
+
+def test_gradcheck_decoder_block():
+    torch.manual_seed(2)
+    _gradcheck_module(DecoderBlock(4, 2, 6, norm_first=True), torch.randn(1, 3, 4, dtype=DT),
+                      torch.randn(1, 2, 4, dtype=DT), self_mask=TF.causal_mask(3))
+
+
+def test_gradcheck_small_modules():
+    torch.manual_seed(3)
+    _gradcheck_module(LayerNorm(5), torch.randn(2, 3, 5, dtype=DT))
+    _gradcheck_module(FeedForward(4, 6, "relu"), torch.randn(2, 3, 4, dtype=DT))
+    _gradcheck_module(LearnedPositionalEmbedding(6, 4), torch.randn(2, 3, 4, dtype=DT))
+    _gradcheck_module(SinusoidalPositionalEncoding(4, 6), torch.randn(2, 3, 4, dtype=DT))
+    _gradcheck_module(PatchEmbedding(2, 2, 3), torch.randn(1, 2, 4, 4, dtype=DT))
+
+
+# --- positions and patches ---------------------------------------------------------------
+
+
+def test_sinusoidal_module_matches_closed_form():
+    D, max_len = 8, 20
+    pe = SinusoidalPositionalEncoding(D, max_len).double()
+    X = torch.zeros(1, 5, D, dtype=DT)
+    out = pe(X, offset=7)
+    for p in range(5):
+        for i in range(D // 2):
+            angle = (p + 7) / 10000.0 ** (2 * i / D)  # the paper's formula, typed in
+            assert abs(out[0, p, 2 * i].item() - math.sin(angle)) < 1e-12  # float64 round-off
+            assert abs(out[0, p, 2 * i + 1].item() - math.cos(angle)) < 1e-12
+    assert "PE" not in pe.state_dict()  # a fixed table is not saved with the weights
+
+
+def test_learned_positional_embedding_offsets_and_limits():
+    torch.manual_seed(0)
+    emb = LearnedPositionalEmbedding(10, 4)
+    X = torch.randn(2, 3, 4)
+    close(emb(X, offset=4), X + emb.weight[4:7], atol=0)  # a plain addition: exact
+    with pytest.raises(ValueError, match=r"exceed max_len=10"):
+        emb(torch.randn(2, 11, 4))
+    with pytest.raises(ValueError, match=r"exceed max_len=10"):
+        emb(X, offset=8)
+    with pytest.raises(ValueError, match=r"exceed max_len=6"):
+        SinusoidalPositionalEncoding(4, 6)(torch.randn(1, 7, 4))
+
+
+@pytest.mark.parametrize("C, p, D, HW, seed", [(1, 2, 8, (8, 8), 0), (3, 4, 16, (8, 12), 1)])
+def test_patch_embedding_equals_strided_conv(C, p, D, HW, seed):
+    torch.manual_seed(seed)
+    conv = nn.Conv2d(C, D, kernel_size=p, stride=p, dtype=DT)
+    ours = PatchEmbedding.from_conv(conv)
+    images = torch.randn(2, C, *HW, dtype=DT)
+    ref = conv(images).flatten(2).transpose(1, 2)  # (B, D, H/p, W/p) -> (B, N, D), row-major
+    out = ours(images)
+    assert out.shape == (2, (HW[0] // p) * (HW[1] // p), D)
+    close(out, ref)
+
+
+def test_patch_embedding_bad_input():
+    pe = PatchEmbedding(3, 4, 8)
+    with pytest.raises(ValueError, match=r"C=1 channels but in_channels=3"):
+        pe(torch.randn(2, 1, 8, 8))
+    with pytest.raises(ValueError, match="stride"):
+        PatchEmbedding.from_conv(nn.Conv2d(3, 8, kernel_size=4, stride=2))
+    with pytest.raises(ValueError, match="padding"):
+        PatchEmbedding.from_conv(nn.Conv2d(3, 8, kernel_size=4, stride=4, padding=1))

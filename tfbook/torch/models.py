@@ -1,0 +1,574 @@
+"""Small transformer models built from :mod:`tfbook.torch.modules`.
+
+Three families, each a frozen configuration dataclass plus an ``nn.Module``:
+
+* :class:`EncoderDecoderConfig`, :class:`EncoderDecoder` -- sequence to sequence
+  (chapter 11: number words to digits);
+* :class:`DecoderLMConfig`, :class:`DecoderLM` -- a decoder-only language model with a
+  KV cache for generation (chapters 10 and 12);
+* :class:`ViTConfig`, :class:`VisionTransformer` -- an image classifier over patches
+  (chapter 13).
+
+The defaults are sized to train on a 2-core CPU in well under a minute. Training helpers
+at the end (:func:`train_steps`, :func:`lm_batch`, :func:`lm_loss`, :func:`seq2seq_loss`)
+keep the notebooks short and their runs deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .. import _validate as V
+from . import functional as F
+from .modules import (
+    DecoderBlock,
+    EncoderBlock,
+    KVCache,
+    LayerNorm,
+    LearnedPositionalEmbedding,
+    PatchEmbedding,
+    SinusoidalPositionalEncoding,
+)
+
+__all__ = [
+    "EncoderDecoderConfig",
+    "EncoderDecoder",
+    "DecoderLMConfig",
+    "DecoderLM",
+    "ViTConfig",
+    "VisionTransformer",
+    "train_steps",
+    "lm_batch",
+    "lm_loss",
+    "seq2seq_loss",
+    "num_params",
+]
+
+
+def _check_config(d_model, num_heads, d_ff, activation):
+    V.check_positive_int("d_model", d_model)
+    V.check_heads(int(d_model), num_heads, (d_model,), name="d_model")
+    V.check_positive_int("d_ff", d_ff)
+    V.check_choice("activation", activation, ("relu", "gelu"))
+
+
+def _check_ids(name: str, ids: torch.Tensor, vocab_size: int, max_len: int | None = None) -> None:
+    """``ids`` must be an integer ``(B, T)`` tensor with values in ``0..vocab_size-1``."""
+    if not isinstance(ids, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(ids).__name__}")
+    V.check_ndim(name, ids, 2, 2, what="(B, T)")
+    if ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise ValueError(f"{name} must hold integer token ids, got dtype {ids.dtype} (shape {tuple(ids.shape)})")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise ValueError(
+            f"{name} has ids in {int(ids.min())}..{int(ids.max())} but vocab_size={vocab_size} "
+            f"({name}: {tuple(ids.shape)})"
+        )
+    if max_len is not None and ids.shape[1] > max_len:
+        raise ValueError(f"{name} has T={ids.shape[1]} > max_len={max_len} ({name}: {tuple(ids.shape)})")
+
+
+def _check_valid(name: str, valid, ids: torch.Tensor) -> None:
+    if valid is None:
+        return
+    if not isinstance(valid, torch.Tensor) or valid.dtype != torch.bool:
+        raise ValueError(f"{name} must be a boolean tensor (True = real token)")
+    if tuple(valid.shape) != tuple(ids.shape):
+        raise ValueError(f"{name} must have the shape of the ids: {tuple(valid.shape)} vs {tuple(ids.shape)}")
+
+
+def _positions(kind: str, max_len: int, d_model: int) -> nn.Module:
+    if kind == "learned":
+        return LearnedPositionalEmbedding(max_len, d_model)
+    return SinusoidalPositionalEncoding(d_model, max_len)
+
+
+def num_params(model: nn.Module) -> int:
+    """Number of trainable scalars (shared tensors counted once)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+# ---------------------------------------------------------------------------------------
+# Encoder-decoder
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EncoderDecoderConfig:
+    src_vocab_size: int  # number of source token ids
+    tgt_vocab_size: int  # number of target token ids (bos, eos and pad included)
+    d_model: int = 64  # D, the width of every token vector
+    num_heads: int = 4  # H; D_K = D / H = 16
+    d_ff: int = 128  # hidden width of each MLP
+    num_encoder_layers: int = 2  # encoder blocks
+    num_decoder_layers: int = 2  # decoder blocks
+    max_len: int = 64  # longest source or target sequence (positions 0..max_len-1)
+    pos: str = "sinusoidal"  # "sinusoidal" (fixed, as in the 2017 paper) or "learned"
+    norm_first: bool = True  # Pre-LN: trains at a fixed learning rate without warm-up
+    activation: str = "relu"  # MLP non-linearity, "relu" or "gelu"
+    pad_id: int = 0  # id of padding in both vocabularies; used when no validity mask is given
+    eps: float = 1e-5  # LayerNorm epsilon
+
+    def __post_init__(self):
+        V.check_positive_int("src_vocab_size", self.src_vocab_size)
+        V.check_positive_int("tgt_vocab_size", self.tgt_vocab_size)
+        _check_config(self.d_model, self.num_heads, self.d_ff, self.activation)
+        V.check_positive_int("num_encoder_layers", self.num_encoder_layers)
+        V.check_positive_int("num_decoder_layers", self.num_decoder_layers)
+        V.check_positive_int("max_len", self.max_len)
+        V.check_choice("pos", self.pos, ("sinusoidal", "learned"))
+
+
+class EncoderDecoder(nn.Module):
+    """The encoder-decoder transformer of the 2017 paper, small.
+
+    ``forward(src (B, S), tgt_in (B, T)) -> logits (B, T, tgt_vocab_size)``: the logits
+    at position ``t`` predict target token ``t + 1`` from ``tgt_in[:, :t+1]`` (causal
+    self-attention) and the whole source (cross-attention).
+
+    Padding: ``src_valid`` and ``tgt_valid`` are boolean ``(B, S)`` and ``(B, T)``, True at
+    real tokens; when omitted they are ``ids != config.pad_id``. Padded keys are masked
+    everywhere, so the ids at padded positions do not change the logits at valid ones.
+
+    Embeddings are multiplied by ``sqrt(D)``, as in the paper, so that tokens and the
+    sinusoidal positions (entries of size about 1) have comparable scale.
+    """
+
+    def __init__(self, config: EncoderDecoderConfig):
+        super().__init__()
+        self.config = c = config
+        D = c.d_model
+        self.W_src = nn.Parameter(torch.randn(c.src_vocab_size, D) / math.sqrt(D))  # (V_src, D)
+        self.W_tgt = nn.Parameter(torch.randn(c.tgt_vocab_size, D) / math.sqrt(D))  # (V_tgt, D)
+        self.src_pos = _positions(c.pos, c.max_len, D)
+        self.tgt_pos = _positions(c.pos, c.max_len, D)
+        block = dict(norm_first=c.norm_first, activation=c.activation, eps=c.eps)
+        self.encoder = nn.ModuleList(
+            EncoderBlock(D, c.num_heads, c.d_ff, **block) for _ in range(c.num_encoder_layers)
+        )
+        self.decoder = nn.ModuleList(
+            DecoderBlock(D, c.num_heads, c.d_ff, **block) for _ in range(c.num_decoder_layers)
+        )
+        # Pre-LN leaves the residual stream unnormalised; nn.Transformer adds these too.
+        self.enc_norm = LayerNorm(D, c.eps) if c.norm_first else nn.Identity()
+        self.dec_norm = LayerNorm(D, c.eps) if c.norm_first else nn.Identity()
+        self.W_out = nn.Parameter(torch.randn(D, c.tgt_vocab_size) / math.sqrt(D))  # (D, V_tgt)
+        self.b_out = nn.Parameter(torch.zeros(c.tgt_vocab_size))
+
+    def _valid(self, ids, valid):
+        return ids != self.config.pad_id if valid is None else valid
+
+    def encode(self, src: torch.Tensor, src_valid=None, return_attention: bool = False):
+        """``src (B, S)`` -> ``memory (B, S, D)`` (and the encoder's ``P`` per layer)."""
+        c = self.config
+        _check_ids("src", src, c.src_vocab_size, c.max_len)
+        _check_valid("src_valid", src_valid, src)
+        mask = F.attention_mask_from_padding(self._valid(src, src_valid))  # (B, 1, S)
+        X = self.src_pos(F.embedding_lookup(src, self.W_src) * math.sqrt(c.d_model))  # (B, S, D)
+        attn = []
+        for block in self.encoder:
+            X, P = block(X, mask=mask, return_attention=True)
+            attn.append(P)  # (B, H, S, S)
+        X = self.enc_norm(X)
+        return (X, attn) if return_attention else X
+
+    def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src_valid, tgt_valid=None,
+               return_attention: bool = False):
+        """Target ids ``(B, T)`` and ``memory (B, S, D)`` -> logits ``(B, T, V_tgt)``.
+
+        ``src_valid (B, S)`` must be given (it says which memory rows are real).
+        """
+        c = self.config
+        _check_ids("tgt_in", tgt_in, c.tgt_vocab_size, c.max_len)
+        _check_valid("tgt_valid", tgt_valid, tgt_in)
+        T = tgt_in.shape[1]
+        self_mask = F.causal_mask(T, device=tgt_in.device) & F.attention_mask_from_padding(
+            self._valid(tgt_in, tgt_valid)
+        )  # (B, T, T)
+        cross_mask = F.attention_mask_from_padding(src_valid)  # (B, 1, S)
+        X = self.tgt_pos(F.embedding_lookup(tgt_in, self.W_tgt) * math.sqrt(c.d_model))  # (B, T, D)
+        self_attn, cross_attn = [], []
+        for block in self.decoder:
+            X, (P_self, P_cross) = block(X, memory, self_mask=self_mask, cross_mask=cross_mask,
+                                         return_attention=True)
+            self_attn.append(P_self)  # (B, H, T, T)
+            cross_attn.append(P_cross)  # (B, H, T, S)
+        logits = self.dec_norm(X) @ self.W_out + self.b_out  # (B, T, V_tgt)
+        if return_attention:
+            return logits, {"decoder_self": self_attn, "cross": cross_attn}
+        return logits
+
+    def forward(self, src, tgt_in, src_valid=None, tgt_valid=None, return_attention: bool = False):
+        """Logits ``(B, T, V_tgt)``; with ``return_attention`` also a dict of weights per layer:
+        ``"encoder"`` ``(B, H, S, S)``, ``"decoder_self"`` ``(B, H, T, T)``, ``"cross"`` ``(B, H, T, S)``.
+        """
+        src_valid = self._valid(src, src_valid)
+        memory, enc_attn = self.encode(src, src_valid, return_attention=True)
+        out = self.decode(tgt_in, memory, src_valid, tgt_valid, return_attention=return_attention)
+        if return_attention:
+            logits, attn = out
+            return logits, {"encoder": enc_attn, **attn}
+        return out
+
+    @torch.no_grad()
+    def greedy_decode(self, src, max_len: int, bos: int, eos: int, src_valid=None) -> torch.Tensor:
+        """Decode by always taking the most likely next token.
+
+        Returns ``(B, L)`` ids after ``bos``, ``L <= max_len``. A sequence stops at its
+        first ``eos`` (kept in the output); later positions hold ``config.pad_id``.
+        Decoding stops early once every sequence has produced ``eos``.
+        """
+        c = self.config
+        V.check_positive_int("max_len", max_len)
+        if max_len + 1 > c.max_len:
+            raise ValueError(f"max_len={max_len} plus bos exceeds the model's max_len={c.max_len}")
+        for name, tok in (("bos", bos), ("eos", eos)):
+            if not 0 <= tok < c.tgt_vocab_size:
+                raise ValueError(f"{name}={tok} is outside 0..{c.tgt_vocab_size - 1}")
+        src_valid = self._valid(src, src_valid)
+        memory = self.encode(src, src_valid)
+        B = src.shape[0]
+        tgt = torch.full((B, 1), bos, dtype=torch.long, device=src.device)
+        done = torch.zeros(B, dtype=torch.bool, device=src.device)
+        for _ in range(max_len):
+            # every position of tgt is real (pad only follows eos), hence the all-True mask
+            logits = self.decode(tgt, memory, src_valid, torch.ones_like(tgt, dtype=torch.bool))
+            nxt = logits[:, -1].argmax(dim=-1)  # (B,)
+            nxt = torch.where(done, torch.full_like(nxt, c.pad_id), nxt)
+            tgt = torch.cat([tgt, nxt[:, None]], dim=1)
+            done = done | (nxt == eos)
+            if bool(done.all()):
+                break
+        return tgt[:, 1:]
+
+
+# ---------------------------------------------------------------------------------------
+# Decoder-only language model
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DecoderLMConfig:
+    vocab_size: int  # number of token ids
+    block_size: int = 128  # longest context (positions 0..block_size-1)
+    d_model: int = 64  # D, the width of the residual stream
+    num_heads: int = 4  # H; D_K = D / H = 16
+    num_layers: int = 2  # blocks
+    d_ff: int = 256  # MLP hidden width, 4 D as in the paper
+    norm_first: bool = True  # Pre-LN, as in GPT-2 and later
+    activation: str = "gelu"  # MLP non-linearity, "relu" or "gelu"
+    pos: str = "learned"  # "learned" table (GPT style) or "sinusoidal"
+    tie_weights: bool = True  # the output head reuses the token embedding W_E (transposed)
+    eps: float = 1e-5  # LayerNorm epsilon
+
+    def __post_init__(self):
+        V.check_positive_int("vocab_size", self.vocab_size)
+        V.check_positive_int("block_size", self.block_size)
+        _check_config(self.d_model, self.num_heads, self.d_ff, self.activation)
+        V.check_positive_int("num_layers", self.num_layers)
+        V.check_choice("pos", self.pos, ("sinusoidal", "learned"))
+
+
+class DecoderLM(nn.Module):
+    """A decoder-only (GPT-style) language model.
+
+    A decoder-only block is an :class:`EncoderBlock` with a causal mask: there is no
+    memory to cross-attend to. ``forward(idx (B, T)) -> logits (B, T, vocab_size)``,
+    where the logits at ``t`` predict token ``t + 1`` from tokens ``0..t`` only.
+
+    :meth:`generate` extends a prompt one token at a time, with a KV cache by default;
+    the cache changes the cost, not the result.
+    """
+
+    def __init__(self, config: DecoderLMConfig):
+        super().__init__()
+        self.config = c = config
+        D = c.d_model
+        # GPT-2's initialisation: small embeddings (std 0.02), no sqrt(D) factor. With
+        # tied weights the logit of the input token itself starts at about 0.02^2 D / 0.02
+        # = 0.02 D (LayerNorm rescales the row), small enough not to bias the first steps.
+        self.W_E = nn.Parameter(0.02 * torch.randn(c.vocab_size, D))  # (V, D)
+        self.pos = _positions(c.pos, c.block_size, D)
+        self.blocks = nn.ModuleList(
+            EncoderBlock(D, c.num_heads, c.d_ff, norm_first=c.norm_first,
+                         activation=c.activation, eps=c.eps)
+            for _ in range(c.num_layers)
+        )
+        self.norm = LayerNorm(D, c.eps) if c.norm_first else nn.Identity()
+        if c.tie_weights:
+            self.register_parameter("W_U", None)
+        else:
+            self.W_U = nn.Parameter(0.02 * torch.randn(D, c.vocab_size))  # (D, V)
+
+    def _embed(self, idx: torch.Tensor, offset: int) -> torch.Tensor:
+        X = F.embedding_lookup(idx, self.W_E)  # (B, T, D)
+        return self.pos(X, offset=offset)
+
+    def _unembed(self, X: torch.Tensor) -> torch.Tensor:
+        X = self.norm(X)
+        W_U = self.W_E.T if self.W_U is None else self.W_U  # (D, V)
+        return X @ W_U  # (B, T, V)
+
+    def forward(self, idx: torch.Tensor, return_attention: bool = False):
+        """``idx (B, T)`` with ``T <= block_size`` -> logits ``(B, T, vocab_size)``
+        (and, with ``return_attention``, ``P (B, H, T, T)`` per layer)."""
+        c = self.config
+        _check_ids("idx", idx, c.vocab_size)
+        T = idx.shape[1]
+        if T > c.block_size:
+            raise ValueError(f"idx has T={T} > block_size={c.block_size} (idx: {tuple(idx.shape)})")
+        X = self._embed(idx, offset=0)
+        mask = F.causal_mask(T, device=idx.device)  # (T, T)
+        attn = []
+        for block in self.blocks:
+            X, P = block(X, mask=mask, return_attention=True)
+            attn.append(P)
+        logits = self._unembed(X)
+        return (logits, attn) if return_attention else logits
+
+    def forward_cached(self, idx_new: torch.Tensor, caches: list[KVCache]) -> torch.Tensor:
+        """Logits for ``idx_new (B, T_new)``, the tokens that follow those already in ``caches``.
+
+        Each block attends to its cached keys and values plus the new ones; the caches
+        grow by ``T_new``. Position ``p`` of a new token is its index in the whole text.
+        """
+        c = self.config
+        _check_ids("idx_new", idx_new, c.vocab_size)
+        if len(caches) != len(self.blocks):
+            raise ValueError(f"need one KVCache per block: {len(caches)} given, {len(self.blocks)} blocks")
+        T_past, T_new = len(caches[0]), idx_new.shape[1]
+        if T_past + T_new > c.block_size:
+            raise ValueError(
+                f"cache holds {T_past} tokens; {T_new} more exceed block_size={c.block_size}"
+            )
+        X = self._embed(idx_new, offset=T_past)
+        # new query i sits at position T_past + i and may see keys 0..T_past + i
+        mask = torch.ones(T_new, T_past + T_new, dtype=torch.bool, device=idx_new.device)
+        mask = mask.tril(diagonal=T_past)  # (T_new, T_past + T_new)
+        for block, cache in zip(self.blocks, caches):
+            X = block(X, mask=mask, kv_cache=cache)
+        return self._unembed(X)
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 greedy: bool = False, use_cache: bool = True,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """Append ``max_new_tokens`` tokens to ``idx (B, T)``; returns ``(B, T + max_new_tokens)``.
+
+        Each step samples from ``softmax(logits / temperature)`` of the last position
+        (``greedy=True`` takes the argmax instead). The context is the last
+        ``block_size`` tokens. With ``use_cache`` the keys and values of earlier tokens
+        are kept, so each step processes one token; when the text outgrows
+        ``block_size`` the cache is rebuilt from the cropped context, which is exactly
+        what the uncached path computes. Both paths give the same tokens.
+        """
+        c = self.config
+        _check_ids("idx", idx, c.vocab_size)
+        if idx.shape[1] == 0:
+            raise ValueError("idx must hold at least one token (B, T >= 1)")
+        V.check_positive_int("max_new_tokens", max_new_tokens, minimum=0)
+        if not greedy and not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        out = idx
+        caches: list[KVCache] | None = None
+        for _ in range(max_new_tokens):
+            if not use_cache:
+                logits = self(out[:, -c.block_size:])
+            elif caches is None or len(caches[0]) + 1 > c.block_size:
+                caches = [KVCache() for _ in self.blocks]
+                logits = self.forward_cached(out[:, -c.block_size:], caches)
+            else:
+                logits = self.forward_cached(out[:, -1:], caches)
+            last = logits[:, -1]  # (B, V)
+            if greedy:
+                nxt = last.argmax(dim=-1, keepdim=True)
+            else:
+                probs = torch.softmax(last / temperature, dim=-1)
+                nxt = torch.multinomial(probs, 1, generator=generator)
+            out = torch.cat([out, nxt], dim=1)
+        return out
+
+
+# ---------------------------------------------------------------------------------------
+# Vision Transformer
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    image_size: int = 8  # images are image_size x image_size (8 for sklearn's digits)
+    patch_size: int = 2  # p; N = (image_size / p)^2 patches
+    in_channels: int = 1  # C (1 for grey-scale)
+    num_classes: int = 10  # output classes
+    d_model: int = 64  # D, the width of each patch token
+    num_heads: int = 4  # H
+    num_layers: int = 2  # encoder blocks
+    d_ff: int = 128  # MLP hidden width
+    pooling: str = "cls"  # "cls": read a learned class token; "mean": average the patch tokens
+    pos: str = "1d"  # "1d" learned table, "2d" fixed 2D sinusoids, or "none"
+    norm_first: bool = True  # Pre-LN, as in the ViT paper
+    activation: str = "gelu"  # MLP non-linearity
+    eps: float = 1e-5  # LayerNorm epsilon
+
+    def __post_init__(self):
+        V.check_positive_int("image_size", self.image_size)
+        V.check_positive_int("patch_size", self.patch_size)
+        if self.image_size % self.patch_size:
+            raise ValueError(f"patch_size={self.patch_size} does not divide image_size={self.image_size}")
+        V.check_positive_int("in_channels", self.in_channels)
+        V.check_positive_int("num_classes", self.num_classes)
+        _check_config(self.d_model, self.num_heads, self.d_ff, self.activation)
+        V.check_positive_int("num_layers", self.num_layers)
+        V.check_choice("pooling", self.pooling, ("cls", "mean"))
+        V.check_choice("pos", self.pos, ("1d", "2d", "none"))
+        if self.pos == "2d" and self.d_model % 4:
+            raise ValueError(f"pos='2d' needs d_model divisible by 4, got {self.d_model}")
+
+    @property
+    def grid(self) -> int:
+        """Patches per side."""
+        return self.image_size // self.patch_size
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid**2
+
+
+class VisionTransformer(nn.Module):
+    """A Vision Transformer: patches -> tokens -> encoder blocks -> pooled vector -> classes.
+
+    ``forward(images (B, C, H, W)) -> logits (B, num_classes)``; with
+    ``return_attention=True`` also the weights ``P (B, H, T, T)`` of each layer
+    (``T = N + 1`` with a class token, at index 0), ready for ``attention_rollout``.
+    """
+
+    def __init__(self, config: ViTConfig):
+        super().__init__()
+        self.config = c = config
+        D = c.d_model
+        self.patch_embed = PatchEmbedding(c.in_channels, c.patch_size, D)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if c.pooling == "cls" else None
+        T = c.num_patches + (1 if c.pooling == "cls" else 0)
+        if c.pos == "1d":
+            self.pos = LearnedPositionalEmbedding(T, D)  # the class token gets a row too
+        else:
+            self.pos = None
+        if c.pos == "2d":
+            PE = F.sinusoidal_positional_encoding_2d(c.grid, c.grid, D, dtype=torch.float64)
+            self.register_buffer("PE_2d", PE, persistent=False)  # (N, D), patches only
+        else:
+            self.PE_2d = None
+        self.blocks = nn.ModuleList(
+            EncoderBlock(D, c.num_heads, c.d_ff, norm_first=c.norm_first,
+                         activation=c.activation, eps=c.eps)
+            for _ in range(c.num_layers)
+        )
+        self.norm = LayerNorm(D, c.eps) if c.norm_first else nn.Identity()
+        self.W_C = nn.Parameter(torch.zeros(D, c.num_classes))  # (D, classes); zero init, as in ViT
+        self.b_C = nn.Parameter(torch.zeros(c.num_classes))
+
+    def forward(self, images: torch.Tensor, return_attention: bool = False):
+        c = self.config
+        V.check_ndim("images", images, 4, 4, what="(B, C, H, W)")
+        expected = (c.in_channels, c.image_size, c.image_size)
+        if tuple(images.shape[1:]) != expected:
+            raise ValueError(f"images must be (B, {expected[0]}, {expected[1]}, {expected[2]}), "
+                             f"got {tuple(images.shape)}")
+        X = self.patch_embed(images)  # (B, N, D)
+        if self.PE_2d is not None:
+            X = X + self.PE_2d.to(X.dtype)
+        if self.cls_token is not None:
+            cls = self.cls_token.expand(X.shape[0], -1, -1)  # (B, 1, D)
+            X = torch.cat([cls, X], dim=1)  # (B, 1 + N, D)
+        if self.pos is not None:
+            X = self.pos(X)
+        attn = []
+        for block in self.blocks:
+            X, P = block(X, return_attention=True)
+            attn.append(P)  # (B, H, T, T)
+        X = self.norm(X)
+        pooled = X[:, 0] if c.pooling == "cls" else X.mean(dim=1)  # (B, D)
+        logits = pooled @ self.W_C + self.b_C  # (B, classes)
+        return (logits, attn) if return_attention else logits
+
+
+# ---------------------------------------------------------------------------------------
+# Training helpers
+# ---------------------------------------------------------------------------------------
+
+
+def lm_batch(data: torch.Tensor, block_size: int, batch_size: int,
+             generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random windows of a 1-D id tensor: inputs ``x (B, T)`` and targets ``y = x`` shifted by one.
+
+    Teacher forcing: one window of ``T + 1`` tokens gives ``T`` training examples, one
+    per position.
+    """
+    V.check_ndim("data", data, 1, 1, what="(N,)")
+    if data.shape[0] < block_size + 1:
+        raise ValueError(f"data has {data.shape[0]} tokens, need at least block_size + 1 = {block_size + 1}")
+    start = torch.randint(0, data.shape[0] - block_size, (batch_size,), generator=generator)
+    offsets = torch.arange(block_size + 1)
+    windows = data[start[:, None] + offsets]  # (B, T + 1)
+    return windows[:, :-1], windows[:, 1:]
+
+
+def lm_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy (nats per token) of ``model(x)`` against targets ``y``."""
+    logits = model(x)  # (B, T, V)
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+
+
+def seq2seq_loss(model: EncoderDecoder, src, tgt, src_valid=None, tgt_valid=None) -> torch.Tensor:
+    """Teacher-forced cross-entropy for ``tgt = [bos, y_1, ..., y_n, eos, pad...]``.
+
+    The decoder reads ``tgt[:, :-1]`` and predicts ``tgt[:, 1:]``; padded targets are
+    left out of the mean.
+    """
+    if tgt_valid is None:
+        tgt_valid = tgt != model.config.pad_id
+    logits = model(src, tgt[:, :-1], src_valid, tgt_valid[:, :-1])  # (B, T - 1, V)
+    target = tgt[:, 1:].masked_fill(~tgt_valid[:, 1:], -100)  # -100: ignored by cross_entropy
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
+                                       ignore_index=-100)
+
+
+def train_steps(model: nn.Module, loss_fn: Callable, batch_fn: Callable, steps: int,
+                lr: float = 3e-3, weight_decay: float = 0.0, grad_clip: float | None = 1.0,
+                seed: int = 0, disable: bool = False, desc: str = "training") -> list[float]:
+    """Train ``model`` for ``steps`` AdamW steps; return the loss of every step.
+
+    ``batch_fn(generator)`` draws a batch (using the given ``torch.Generator``, seeded
+    with ``seed``, for its randomness); ``loss_fn(model, *batch)`` returns a scalar loss.
+    The same model initialisation, seed and arguments give the same losses on CPU.
+    ``disable=True`` hides the tqdm progress bar.
+    """
+    from tqdm.auto import tqdm
+
+    V.check_positive_int("steps", steps)
+    generator = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    model.train()
+    losses: list[float] = []
+    bar = tqdm(range(steps), disable=disable, desc=desc)
+    for _ in bar:
+        batch = batch_fn(generator)
+        if not isinstance(batch, tuple):
+            batch = (batch,)
+        loss = loss_fn(model, *batch)
+        if not torch.isfinite(loss):
+            raise ValueError(f"loss became {loss.item()} after {len(losses)} steps; lower lr?")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if grad_clip is not None:
+            nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        opt.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+    model.eval()
+    return losses

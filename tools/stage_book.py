@@ -1,0 +1,187 @@
+"""Stage the book sources for one of its two builds.
+
+    python tools/stage_book.py --mode public --out _stage/public
+    python tools/stage_book.py --mode course --out _stage/course
+
+Copies ``_config.yml``, ``_toc.yml``, ``book/``, ``notebooks/`` and the vendored
+MathJax (``_vendor/``, made by ``tools/vendor_mathjax.sh``) into ``--out`` (emptied
+first) and rewrites each staged chapter notebook, which is also the nbgrader master
+notebook of its assignment (in both modes a chapter number typed into the title is
+removed, since the table of contents numbers the chapters):
+
+public
+    solution cells keep their code (without the nbgrader marker comments) and
+    outputs but are folded behind a "Show solution" toggle (myst-nb
+    ``hide-input`` tag and per-cell prompt);
+    hidden-test regions are removed from the test cells (nbgrader's
+    ``ClearHiddenTests``); the visible tests and their outputs stay.
+course
+    solutions are replaced by nbgrader's stub (``ClearSolutions``), hidden-test
+    regions are removed (``ClearHiddenTests``), and every code cell from the
+    ``## Exercises`` heading onwards loses its outputs, so no output of a solution
+    cell, a test cell or a cell that reveals a "predict, then verify" answer is shown;
+    the site has no launch, repository or issue buttons (the repository holds the
+    solutions), only the download button for the staged notebook.
+
+``jupyter-book build`` of the stage then renders the site. The sources in the
+repository are never modified.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import nbformat
+import yaml
+from nbgrader.preprocessors import ClearHiddenTests, ClearSolutions
+
+ROOT = Path(__file__).resolve().parents[1]
+SOLUTION_PROMPT_SHOW = "Show solution"
+SOLUTION_PROMPT_HIDE = "Hide solution"
+TITLE_NUMBER = re.compile(r"^(#\s+)\d{1,2}\.?\s+(?=\S)")
+SOLUTION_MARKER = re.compile(r"^\s*#*\s*(BEGIN|END) SOLUTION\s*$")
+EXERCISES_HEADING = re.compile(r"^#{1,6}\s+Exercises\b", re.MULTILINE)
+
+
+def _nbgrader(cell) -> dict:
+    return cell.get("metadata", {}).get("nbgrader", {}) or {}
+
+
+def is_solution_cell(cell) -> bool:
+    return bool(_nbgrader(cell).get("solution", False))
+
+
+def is_test_cell(cell) -> bool:
+    return bool(_nbgrader(cell).get("grade", False)) and not is_solution_cell(cell)
+
+
+def _add_tag(cell, tag: str) -> None:
+    tags = cell.metadata.setdefault("tags", [])
+    if tag not in tags:
+        tags.append(tag)
+
+
+def _clear_outputs(cell) -> None:
+    if cell.cell_type == "code":
+        cell.outputs = []
+        cell.execution_count = None
+
+
+def strip_title_number(nb):
+    """Remove a chapter number typed into the title ("# 3. Why scale" -> "# Why scale").
+
+    The table of contents numbers the chapters, so a number in the title would show
+    twice. Appendix letters ("# A. History") are kept: the appendix is not numbered.
+    """
+    for cell in nb.cells:
+        if cell.cell_type == "markdown" and cell.source.lstrip().startswith("# "):
+            cell.source = TITLE_NUMBER.sub(r"\1", cell.source.lstrip(), count=1)
+            break
+    return nb
+
+
+def transform_public(nb):
+    """Fold solutions behind a toggle and strip hidden tests (in place)."""
+    nb, _ = ClearHiddenTests().preprocess(nb, {})
+    for cell in nb.cells:
+        if not is_solution_cell(cell):
+            continue
+        # the marker comments are for nbgrader, not for the reader
+        cell.source = "\n".join(
+            line for line in cell.source.split("\n") if not SOLUTION_MARKER.search(line)
+        )
+        if cell.cell_type == "code":
+            _add_tag(cell, "hide-input")
+            mystnb = cell.metadata.setdefault("mystnb", {})
+            mystnb["code_prompt_show"] = SOLUTION_PROMPT_SHOW
+            mystnb["code_prompt_hide"] = SOLUTION_PROMPT_HIDE
+        else:  # a written answer: fold it into a dropdown (sphinx-design)
+            cell.source = f":::{{dropdown}} {SOLUTION_PROMPT_SHOW}\n{cell.source}\n:::"
+    return nb
+
+
+def transform_course(nb):
+    """Replace solutions by stubs, strip hidden tests, clear exercise outputs (in place)."""
+    nb, _ = ClearHiddenTests().preprocess(nb, {})
+    nb, _ = ClearSolutions().preprocess(nb, {})
+    in_exercises = False
+    for cell in nb.cells:
+        if cell.cell_type == "markdown" and EXERCISES_HEADING.search(cell.source):
+            in_exercises = True
+        if in_exercises or is_solution_cell(cell) or is_test_cell(cell):
+            _clear_outputs(cell)
+    return nb
+
+
+def course_config(path: Path) -> None:
+    """Drop the links to the repository from the course site's configuration.
+
+    The repository holds the master notebooks (solutions and hidden tests), so the
+    course site gets no Colab/Binder launch buttons and no repository or issue
+    buttons; the download button stays (it serves the staged, solution-free notebook).
+    """
+    config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    config.pop("launch_buttons", None)
+    html = config.setdefault("html", {})
+    html["use_repository_button"] = False
+    html["use_issues_button"] = False
+    html["use_edit_page_button"] = False
+    config["title"] = f"{config.get('title', '')} (course edition)"
+    path.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True), encoding="utf-8")
+
+
+TRANSFORMS = {"public": transform_public, "course": transform_course}
+
+
+def stage(mode: str, out: Path, notebooks: Path, root: Path = ROOT) -> list[Path]:
+    """Build the stage folder; return the staged notebooks."""
+    vendor = root / "_vendor"
+    if not (vendor / "mathjax" / "tex-chtml.js").is_file():
+        raise SystemExit("stage_book: _vendor/mathjax is missing; run tools/vendor_mathjax.sh first")
+    out = out.resolve()
+    if out == root or root.is_relative_to(out):
+        raise SystemExit(f"stage_book: refusing to empty {out}")
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for name in ("_config.yml", "_toc.yml"):
+        shutil.copy2(root / name, out / name)
+    if mode == "course":
+        course_config(out / "_config.yml")
+    ignore = shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", "_build")
+    shutil.copytree(root / "book", out / "book", ignore=ignore)
+    shutil.copytree(vendor, out / "_vendor", ignore=ignore)
+    shutil.copytree(notebooks, out / "notebooks", ignore=ignore)
+
+    transform = TRANSFORMS[mode]
+    staged = sorted((out / "notebooks").glob("*.ipynb"))
+    for path in staged:
+        nb = nbformat.read(path, as_version=4)
+        try:
+            nb = transform(strip_title_number(nb))
+        except RuntimeError as err:  # nbgrader: unbalanced markers, region outside its cell type
+            raise SystemExit(f"stage_book: {path.name}: {err}") from err
+        nbformat.write(nb, path)
+    return staged
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=sorted(TRANSFORMS), required=True)
+    parser.add_argument("--out", type=Path, required=True, help="stage folder (emptied first)")
+    parser.add_argument(
+        "--notebooks", type=Path, default=ROOT / "notebooks",
+        help="folder of chapter notebooks to stage (default: notebooks/)",
+    )
+    args = parser.parse_args(argv)
+    staged = stage(args.mode, args.out, args.notebooks)
+    print(f"stage_book: {args.mode} stage in {args.out} ({len(staged)} notebooks)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
