@@ -2,13 +2,15 @@
 #   make book         build the book into _build/html (installs what it needs first)
 #   make course-book  build the course edition (no solutions) into _build/course/html
 #   make test         run the whole test suite (installs what it needs first)
+#   make release      student notebooks (no solutions, no hidden tests) into _build/release
+#   make grade SUBMISSIONS=folder   autograde a folder of submissions into _build/grades
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv book course-book mathjax chromium test clean
+.PHONY: venv book course-book mathjax chromium test clean release grade
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -58,12 +60,23 @@ chromium:
 # Both book builds run first; a failed build leaves no site, which the book tests
 # report, so every failure ends up in pytest's summary, the last line printed.
 # nbval re-executes every notebook (strict: all outputs compared, after
-# nbval_sanitize.cfg), one notebook per worker (--dist loadfile).
+# nbval_sanitize.cfg), one notebook per worker (--dist loadfile). .venv/bin goes first
+# on PATH for the command-line tools the tests start (nbgrader runs `alembic`).
 NBVAL_FLAGS := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg --nbval-cell-timeout 300
 test: $(STAMP) chromium
 	-$(MAKE) --no-print-directory book
 	-$(MAKE) --no-print-directory course-book
-	$(BIN)/python -m pytest -n 2 --dist loadfile $(NBVAL_FLAGS) tests notebooks
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -n 2 --dist loadfile $(NBVAL_FLAGS) tests notebooks
+
+# ---- graded exercises (nbgrader; see the README) ---------------------------------
+#   make release                          student notebooks into _build/release/<chapter>/
+#   make grade SUBMISSIONS=path/to/folder grades.csv and feedback/ into _build/grades/
+release: $(STAMP)
+	$(BIN)/python -m tfbook.course release
+
+grade: $(STAMP)
+	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=path/to/folder" >&2; exit 2; }
+	$(BIN)/python -m tfbook.course grade "$(SUBMISSIONS)"
 
 clean:
 	rm -rf _build _stage _vendor

@@ -379,3 +379,41 @@ def test_tiled_equals_naive(seed, T_q, T_k, block, causal, backend):
     Z_naive, _ = tnp.scaled_dot_product_attention(Q, K, V, mask=mask)
     Z = _run(backend, "tiled_attention", Q, K, V, block_size=block, causal=causal)
     np.testing.assert_allclose(Z, Z_naive, rtol=0, atol=1e-13)  # float64 round-off
+
+
+# ---------------------------------------------------------------------------
+# The large-problem paths of the NumPy implementation
+# ---------------------------------------------------------------------------
+
+
+def test_numpy_attention_threaded_path_with_masks():
+    # B H T_q T_k = 2^20 score entries: NumPy runs its query blocks on a thread pool
+    g = np.random.default_rng(0)
+    Q, K, V = g.standard_normal((2, 2, 512, 16)) * 3, g.standard_normal((2, 2, 512, 16)), g.standard_normal((2, 2, 512, 8))
+    mask = g.random((2, 1, 512, 512)) < 0.5
+    mask[0, 0, 7] = False  # a fully masked row
+    Q[1, 1, 3] *= 1e3  # a row whose scores overflow exp without the shift
+    Z, P = tnp.scaled_dot_product_attention(Q, K, V, mask=mask)
+    tQ, tK, tV, tm = (torch.as_tensor(a) for a in (Q, K, V, mask))
+    S = (tQ @ tK.transpose(-1, -2) / 4).masked_fill(~tm, float("-inf"))
+    P_ref = torch.softmax(S, -1).nan_to_num(0.0)  # torch gives NaN for the empty row; ours gives 0
+    np.testing.assert_allclose(P, P_ref.numpy(), rtol=0, atol=1e-12)  # float64 round-off
+    np.testing.assert_allclose(Z, (P_ref @ tV).numpy(), rtol=0, atol=1e-12)
+    assert np.all(P[0, :, 7] == 0) and np.all(Z[0, :, 7] == 0)
+
+
+def test_tiled_attention_memory_is_linear_in_T():
+    import tracemalloc
+
+    T, D = 4096, 64
+    g = np.random.default_rng(0)
+    Q, K, V = (g.standard_normal((T, D), dtype=np.float32) for _ in range(3))
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    Z = tnp.tiled_attention(Q, K, V, block_size=128)
+    peak = tracemalloc.get_traced_memory()[1] - base
+    tracemalloc.stop()
+    # output 1 MiB + a few (128 x 4096)-free blocks; S alone would be T^2 * 4 bytes = 64 MiB
+    assert peak < 4 * 2**20, f"peak extra memory {peak / 2**20:.1f} MiB"
+    Z_naive, _ = tnp.scaled_dot_product_attention(Q[:256], K, V)
+    np.testing.assert_allclose(Z[:256], Z_naive, rtol=0, atol=1e-5)  # float32 round-off over 4096 terms

@@ -254,12 +254,13 @@ def test_self_attention_mask_after(capsys):
 
 def test_check_close_passes_and_fails(capsys):
     x = np.linspace(0, 1, 5)
-    assert "max |error| 0" in passes(capsys, check_close, x, x.copy(), "x")
+    assert "max |error| ≤ 1e-15" in passes(capsys, check_close, x, x.copy(), "x")
     y = x.copy()
     y[3] += 1e-6  # far above the float64 default atol of 1e-10
     msg = fails_with(capsys, check_close, y, x, "x", match="off by up to 1e-06")
     assert "index (3,)" in msg
-    passes(capsys, check_close, y, x, "x", atol=1e-5)  # explicit looser tolerance is honoured
+    # an explicit looser tolerance is honoured; the figure is printed as a power-of-ten bound
+    assert "max |error| ≤ 1e-5" in passes(capsys, check_close, y, x, "x", atol=1e-5)
     fails_with(capsys, check_close, x[:4], x, "x", match="expected (5,), got (4,)")
     fails_with(capsys, check_close, np.array([1.0, np.inf]), np.array([1.0, 2.0]), "x", match="inf")
 

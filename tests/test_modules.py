@@ -138,6 +138,20 @@ def test_mha_kv_cache_equals_full_causal():
         Z_parts.append(m(X[:, t:t + 1], kv_cache=cache)[0])
         assert len(cache) == t + 1
     close(torch.cat(Z_parts, dim=1), Z_full)
+    with pytest.raises(ValueError, match="self-attention"):
+        m(X[:, :1], X, kv_cache=cache)
+
+
+def test_layer_norm_from_torch():
+    torch.manual_seed(0)
+    ref = nn.LayerNorm(6, eps=1e-6, dtype=DT)
+    with torch.no_grad():
+        ref.weight.normal_()
+        ref.bias.normal_()
+    ours = LayerNorm.from_torch(ref)
+    X = torch.randn(2, 3, 6, dtype=DT)
+    assert ours.eps == 1e-6
+    close(ours(X), ref(X))
 
 
 def test_mha_from_torch_rejects_unsupported():

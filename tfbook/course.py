@@ -256,17 +256,36 @@ def _new_course(tmp: Path) -> Path:
     return course
 
 
+def _api(course: Path):
+    """An in-process nbgrader API on ``course`` with the course's config (cached per course)."""
+    api = _APIS.get(course)
+    if api is None:
+        from nbgrader.apps import NbGraderAPI
+        from nbgrader.coursedir import CourseDirectory
+        from traitlets.config.loader import PyFileConfigLoader
+
+        config = PyFileConfigLoader("nbgrader_config.py", path=str(course)).load_config()
+        config.CourseDirectory.root = str(course)
+        api = NbGraderAPI(coursedir=CourseDirectory(config=config), config=config)
+        _APIS[course] = api
+    return api
+
+
+_APIS: dict[Path, object] = {}
+
+
 def _generate(course: Path, master_path: Path) -> Path:
-    """Put a master notebook in ``course`` and run generate_assignment on it."""
+    """Put a master notebook in ``course`` and generate its student version (in process:
+    generating does not execute anything, and it saves a Python start per chapter)."""
     stem = master_path.stem
     src = course / "source" / stem
     src.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(master_path, src / f"{stem}.ipynb")
-    code, output = _run_nbgrader(["generate_assignment", stem, "--force", "--create"], course,
-                                 timeout=300)
+    result = _api(course).generate_assignment(stem, force=True, create=True)
     released = course / "release" / stem / f"{stem}.ipynb"
-    if code != 0 or not released.exists():
-        raise RuntimeError(f"nbgrader generate_assignment {stem} failed:\n{output}")
+    if not result.get("success") or not released.exists():
+        raise RuntimeError(f"nbgrader generate_assignment {stem} failed:\n"
+                           f"{result.get('error', '')}\n{result.get('log', '')}")
     return released
 
 
@@ -297,6 +316,7 @@ def release(notebooks: list[Path] | None = None, out: Path = ROOT / "_build" / "
             if verbose:
                 print(f"released {dest} ({time.perf_counter() - start:.1f} s; no solutions, "
                       "no hidden tests)")
+        _APIS.pop(course, None)
     return written
 
 
@@ -424,6 +444,7 @@ def grade(submissions: Path, out: Path = ROOT / "_build" / "grades", timeout: in
                       master, feedback_root, out / "logs")
             if verbose:
                 print(f"feedback pages for {a} [{time.perf_counter() - start:.1f} s]")
+        _APIS.pop(course, None)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "grades.csv", "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)

@@ -135,16 +135,23 @@ def _run_blocks(work, tasks, size):
 
     NumPy's elementwise functions use one core; running independent query blocks
     on threads (NumPy releases the GIL inside them) uses them all. BLAS is kept
-    to one thread meanwhile so that the two kinds of threads do not fight.
+    to one thread meanwhile: its own threads gain nothing on these small blocks
+    and, when cores are busy, fight with ours and slow everything down badly.
+    ``size`` is the number of score entries; tiny problems just run.
     """
-    n = min(os.cpu_count() or 1, len(tasks))
-    ctx = _blas_single_thread() if n > 1 and size >= (1 << 22) else None
+    ctx = _blas_single_thread() if size >= (1 << 16) else None
     if ctx is None:
         for t in tasks:
             work(t)
         return
-    with ctx, ThreadPoolExecutor(n) as pool:
-        list(pool.map(lambda part: [work(t) for t in part], [tasks[i::n] for i in range(n)]))
+    n = min(os.cpu_count() or 1, len(tasks)) if size >= (1 << 20) else 1
+    with ctx:
+        if n == 1:
+            for t in tasks:
+                work(t)
+            return
+        with ThreadPoolExecutor(n) as pool:
+            list(pool.map(lambda part: [work(t) for t in part], [tasks[i::n] for i in range(n)]))
 
 
 def scaled_dot_product_attention(Q, K, V, mask=None, scale=None):
@@ -1000,7 +1007,8 @@ def tiled_attention(Q, K, V, block_size=128, causal=False, scale=None):
     denominator ``l`` and a running numerator ``acc``. When a new block raises
     the maximum, the old sums are rescaled by ``exp(m_old - m_new)``. The
     ``(T_q, T_k)`` score matrix is never held; extra memory is
-    ``O(block_size * (block_size + D))`` per batch element.
+    ``O(block_size * (block_size + D))`` per batch element (times the number of
+    cores, which work on different query blocks at once).
 
     Parameters
     ----------
@@ -1031,13 +1039,14 @@ def tiled_attention(Q, K, V, block_size=128, causal=False, scale=None):
     Kt = np.broadcast_to(np.swapaxes(K, -1, -2), batch + (D_K, T_k))
     V = np.broadcast_to(V, batch + V.shape[-2:])
     Z = np.empty(batch + (T_q, D_V), dtype=dtype)
-    for i0 in range(0, T_q, bs):
+
+    def query_block(i0):
         i1 = min(i0 + bs, T_q)
         q = (Q[..., i0:i1, :] * scale).astype(dtype, copy=False)  # (..., bq, D_K)
         m = np.full(batch + (i1 - i0, 1), -np.inf, dtype=dtype)  # running row max
         l = np.zeros(batch + (i1 - i0, 1), dtype=dtype)  # running denominator
         acc = np.zeros(batch + (i1 - i0, D_V), dtype=dtype)  # running numerator
-        j_end = min(T_k, i1) if causal else T_k  # blocks past the diagonal are all masked
+        j_end = min(T_k, i1) if causal else T_k  # key blocks past the diagonal are all masked
         for j0 in range(0, j_end, bs):
             j1 = min(j0 + bs, T_k)
             S = q @ Kt[..., j0:j1]  # (..., bq, bk)
@@ -1046,7 +1055,7 @@ def tiled_attention(Q, K, V, block_size=128, causal=False, scale=None):
                 S[..., future] = -np.inf
             m_new = np.maximum(m, S.max(axis=-1, keepdims=True))
             m_new[~np.isfinite(m_new)] = 0  # nothing seen yet: any shift works
-            alpha = np.exp(m - m_new)  # rescales the old sums
+            alpha = np.exp(m - m_new)  # rescales the old sums to the new maximum
             S -= m_new
             np.exp(S, out=S)
             l = alpha * l + S.sum(axis=-1, keepdims=True)
@@ -1054,6 +1063,9 @@ def tiled_attention(Q, K, V, block_size=128, causal=False, scale=None):
             m = m_new
         l[l == 0] = 1
         Z[..., i0:i1, :] = acc / l
+
+    n_batch = math.prod(batch)
+    _run_blocks(query_block, list(range(0, T_q, bs)), n_batch * T_q * T_k)
     return Z
 
 

@@ -1,7 +1,12 @@
 """``nn.Module`` wrappers around :mod:`tfbook.torch.functional`.
 
-The modules hold parameters; the math lives in the functional layer, so each idea has
-one implementation. Parameters use the book's row-vector layout: ``W_Q`` has shape
+The modules hold parameters; the math lives in the functional layer. Each module calls
+the functional version of its idea (``multi_head_attention``, ``layer_norm``,
+``feed_forward``, ``patchify``, ...); the blocks wire those calls together the way the
+text writes the block, ``X = X + attn(norm1(X))``, so that they can also hand back the
+attention weights and use a KV cache. The tests check every block against
+``tfbook.torch.encoder_block`` / ``decoder_block``, ``tfbook.numpy`` and PyTorch's own
+layers. Parameters use the book's row-vector layout: ``W_Q`` has shape
 ``(D, D)`` and ``Q = X @ W_Q``, exactly as in the text (``nn.Linear`` stores the
 transpose; :meth:`MultiHeadAttention.from_torch` and friends deal with that).
 
@@ -176,6 +181,11 @@ class MultiHeadAttention(nn.Module):
 
     ``forward(X_q, X_kv=None, mask=None)`` returns ``(Z, P)`` with ``Z (B, T_q, D)`` and
     the per-head weights ``P (B, H, T_q, T_kv)``. ``X_kv=None`` means self-attention.
+
+    With ``kv_cache`` (a :class:`KVCache`, self-attention only) ``X_q`` holds just the new
+    tokens: their keys and values are appended to the cache and the queries attend to
+    all of it. ``mask`` is then ``(T_new, T_past + T_new)`` (None lets every new token see
+    every cached one, right for one token at a time).
     """
 
     def __init__(self, d_model: int, num_heads: int, bias: bool = True):
@@ -210,6 +220,9 @@ class MultiHeadAttention(nn.Module):
         V.check_last_dim("X_q", X_q, self.d_model, "d_model")
         if X_kv is None:
             X_kv = X_q
+        elif kv_cache is not None:
+            raise ValueError("kv_cache is for self-attention (X_kv=None): it appends the keys "
+                             "and values of each new X_q")
         else:
             V.check_ndim("X_kv", X_kv, 2, what="(..., T_kv, D)")
             V.check_last_dim("X_kv", X_kv, self.d_model, "d_model", "X_q", X_q.shape)
@@ -313,7 +326,7 @@ class EncoderBlock(nn.Module):
         if self.norm_first:
             Z, P = self.attn(self.norm1(X), mask=mask, kv_cache=kv_cache)
             X = X + Z
-            X = X + self.ffn(self.norm2(X))
+            X = X + self.ffn(self.norm1(X))
         else:
             Z, P = self.attn(X, mask=mask, kv_cache=kv_cache)
             X = self.norm1(X + Z)
