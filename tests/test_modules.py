@@ -129,13 +129,15 @@ def test_mha_kv_cache_equals_full_causal():
     B, T, D, H = 2, 6, 16, 4
     m = MultiHeadAttention(D, H).double()
     X = torch.randn(B, T, D, dtype=DT)
-    Z_full, _ = m(X, mask=TF.causal_mask(T))
+    # causal, and in sequence 1 key 1 is blocked as well: a mask that differs per sequence
+    valid = torch.ones(B, T, dtype=torch.bool)
+    valid[1, 1] = False
+    M = TF.causal_mask(T) & valid[:, None, :]  # (B, T, T)
+    Z_full, _ = m(X, mask=M)
     cache = KVCache()
-    # a prefill of 3 tokens, then one token at a time
-    mask = torch.ones(3, 3, dtype=torch.bool).tril()
-    Z_parts = [m(X[:, :3], mask=mask, kv_cache=cache)[0]]
-    for t in range(3, T):
-        Z_parts.append(m(X[:, t:t + 1], kv_cache=cache)[0])
+    Z_parts = [m(X[:, :3], mask=M[:, :3, :3], kv_cache=cache)[0]]  # a prefill of 3 tokens
+    for t in range(3, T):  # then one token at a time
+        Z_parts.append(m(X[:, t:t + 1], mask=M[:, t:t + 1, :t + 1], kv_cache=cache)[0])
         assert len(cache) == t + 1
     close(torch.cat(Z_parts, dim=1), Z_full)
     with pytest.raises(ValueError, match="self-attention"):

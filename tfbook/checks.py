@@ -241,14 +241,15 @@ def check_softmax(fn: Callable, backend: str = "numpy") -> None:
             worst = max(worst, _max_error(P, expected))
             continue
         sums = P.sum(axis=axis)
+        along = "rows" if axis in (-1, x.ndim - 1) else f"slices along axis {axis}"
         if not np.allclose(sums, 1.0, atol=max(atol, 1e-6)):
             other = 0 if axis in (-1, x.ndim - 1) else -1
             if _close(P, ref.softmax(x, axis=other), atol, rtol):
-                _fail(f"softmax({label}): slices along axis {axis} sum to {_range(sums)}, not 1: "
+                _fail(f"softmax({label}): {along} sum to {_range(sums)}, not 1: "
                       f"you normalised over axis {other}; use the `axis` argument "
                       f"(default -1, the last axis)")
-            _fail(f"softmax({label}): slices along axis {axis} sum to {_range(sums)}, not 1: "
-                  "divide exp(x) by its sum over that axis (keepdims=True)?")
+            _fail(f"softmax({label}): {along} sum to {_range(sums)}, not 1: "
+                  "divide exp(x) by its sum over `axis` (keepdims=True)?")
         if _close(P, np.full_like(P, 1.0 / x.shape[axis]), atol, rtol):
             _fail(f"softmax({label}) is uniform: did the max-subtraction or a normalisation "
                   "remove the logits themselves?")

@@ -110,8 +110,8 @@ def softmax(x, axis=-1):
 
 
 def _query_block(T_k: int, itemsize: int) -> int:
-    """Query rows per block so that a block of scores is about 1 MiB (fits in cache)."""
-    return max(16, min(512, (1 << 20) // max(1, T_k * itemsize)))
+    """Query rows per block so that a block of scores is about 2 MiB (stays in a core's L2 cache)."""
+    return max(32, min(1024, (2 << 20) // max(1, T_k * itemsize)))
 
 
 _BLAS_CONTROL = []  # a cached threadpoolctl controller, or None when unavailable

@@ -5,28 +5,25 @@
 ``tfbook.torch.models`` the classes. Everything is re-exported here.
 """
 
+import importlib as _importlib
+
 from . import functional
 from .functional import *  # noqa: F401,F403
 from .functional import __all__ as _functional_all
 
 __all__ = list(_functional_all)
 
-# The module classes live in files written separately; import them when present,
-# but never hide a real import error from inside an existing file.
-try:
-    from . import modules as _modules
-    from .modules import *  # noqa: F401,F403
-except ImportError as e:  # pragma: no cover - only while modules.py does not exist
-    if e.name not in (__name__ + ".modules",):
-        raise
-else:
-    __all__ += list(getattr(_modules, "__all__", []))
-
-try:
-    from . import models as _models
-    from .models import *  # noqa: F401,F403
-except ImportError as e:  # pragma: no cover - only while models.py does not exist
-    if e.name not in (__name__ + ".models",):
-        raise
-else:
-    __all__ += list(getattr(_models, "__all__", []))
+# The classes live in files written separately. Re-export them when present, but
+# never hide a real import error from inside an existing file: only "this very
+# submodule does not exist" is tolerated.
+for _sub in ("modules", "models"):
+    try:
+        _mod = _importlib.import_module(f"{__name__}.{_sub}")
+    except ImportError as e:  # pragma: no cover - only while the file does not exist
+        if e.name not in (f"{__name__}.{_sub}",):
+            raise
+        continue
+    _names = getattr(_mod, "__all__", [n for n in vars(_mod) if not n.startswith("_")])
+    globals().update({n: getattr(_mod, n) for n in _names})
+    __all__ += [n for n in _names if n not in __all__]
+del _sub

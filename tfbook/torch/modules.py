@@ -326,7 +326,7 @@ class EncoderBlock(nn.Module):
         if self.norm_first:
             Z, P = self.attn(self.norm1(X), mask=mask, kv_cache=kv_cache)
             X = X + Z
-            X = X + self.ffn(self.norm1(X))
+            X = X + self.ffn(self.norm2(X))
         else:
             Z, P = self.attn(X, mask=mask, kv_cache=kv_cache)
             X = self.norm1(X + Z)
