@@ -31,6 +31,15 @@ ATOL = 1e-12  # float64 round-off, see the module docstring
 DT = torch.float64
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny models run faster on one thread than on two competing ones; restored after."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def close(a, b, atol=ATOL):
     np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=0, atol=atol)
 
@@ -91,7 +100,7 @@ def test_lm_forward_cached_equals_forward(pos):
 
 @pytest.mark.parametrize("pos", ["learned", "sinusoidal"])
 @pytest.mark.parametrize("greedy", [True, False])
-def test_cached_generation_equals_uncached(pos, greedy):
+def test_cached_generation_equals_uncached(pos, greedy, one_thread):
     model = lm(pos=pos)
     prompt = torch.randint(0, 11, (2, 3), generator=torch.Generator().manual_seed(3))
     # 25 new tokens with block_size 16: the context is cropped, and the cache rebuilt
@@ -106,7 +115,7 @@ def test_cached_generation_equals_uncached(pos, greedy):
         assert not torch.equal(a, c)
 
 
-def test_cached_generation_float32_default_model():
+def test_cached_generation_float32_default_model(one_thread):
     torch.manual_seed(0)
     model = DecoderLM(DecoderLMConfig(vocab_size=20, block_size=64)).eval()
     prompt = torch.zeros(1, 1, dtype=torch.long)
@@ -131,7 +140,7 @@ def test_lm_bad_input():
         DecoderLMConfig(vocab_size=5, pos="rope")
 
 
-def test_lm_training_reduces_loss_deterministically():
+def test_lm_training_reduces_loss_deterministically(one_thread):
     text = load_corpus()[:1500]
     tok = CharTokenizer.fit(text)
     data = torch.tensor(tok.encode(text))
@@ -224,7 +233,7 @@ def test_greedy_decode_stops_at_eos_and_pads():
         model.greedy_decode(src, max_len=12, bos=1, eos=2)
 
 
-def test_seq2seq_training_reduces_loss():
+def test_seq2seq_training_reduces_loss(one_thread):
     _, held_out = number_split(max_value=99, seed=0)
     pairs = number_words_dataset(32, seed=0, max_value=99, exclude=held_out)
     src_tok = CharTokenizer.fit("".join(chr(c) for c in range(97, 123)) + " -")

@@ -177,11 +177,11 @@ class EncoderDecoder(nn.Module):
         X = self.enc_norm(X)
         return (X, attn) if return_attention else X
 
-    def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src_valid, tgt_valid=None,
+    def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src_valid=None, tgt_valid=None,
                return_attention: bool = False):
         """Target ids ``(B, T)`` and ``memory (B, S, D)`` -> logits ``(B, T, V_tgt)``.
 
-        ``src_valid (B, S)`` must be given (it says which memory rows are real).
+        ``src_valid (B, S)`` says which memory rows are real (None: all of them).
         """
         c = self.config
         _check_ids("tgt_in", tgt_in, c.tgt_vocab_size, c.max_len)
@@ -190,6 +190,8 @@ class EncoderDecoder(nn.Module):
         self_mask = F.causal_mask(T, device=tgt_in.device) & F.attention_mask_from_padding(
             self._valid(tgt_in, tgt_valid)
         )  # (B, T, T)
+        if src_valid is None:
+            src_valid = torch.ones(memory.shape[:2], dtype=torch.bool, device=memory.device)
         cross_mask = F.attention_mask_from_padding(src_valid)  # (B, 1, S)
         X = self.tgt_pos(F.embedding_lookup(tgt_in, self.W_tgt) * math.sqrt(c.d_model))  # (B, T, D)
         self_attn, cross_attn = [], []
