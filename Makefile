@@ -63,10 +63,13 @@ chromium:
 # nbval_sanitize.cfg), one notebook per worker (--dist loadfile). .venv/bin goes first
 # on PATH for the command-line tools the tests start (nbgrader runs `alembic`).
 NBVAL_FLAGS := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg --nbval-cell-timeout 300
+# Two pytest workers share two cores, so each kernel and test process uses one BLAS/OpenMP
+# thread: oversubscribed OpenBLAS threads spin and make small matrix products 30-50x slower.
+ONE_THREAD := OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 test: $(STAMP) chromium
 	-$(MAKE) --no-print-directory book
 	-$(MAKE) --no-print-directory course-book
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -n 2 --dist loadfile $(NBVAL_FLAGS) tests notebooks
+	$(ONE_THREAD) PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -n 2 --dist loadfile $(NBVAL_FLAGS) tests notebooks
 
 # ---- graded exercises (nbgrader; see the README) ---------------------------------
 #   make release                          student notebooks into _build/release/<chapter>/
