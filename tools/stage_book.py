@@ -71,6 +71,20 @@ def _clear_outputs(cell) -> None:
         cell.execution_count = None
 
 
+HIDDEN_CASE_LINE = re.compile(r"^[\u2714\u2718] hidden case\b")
+
+
+def _drop_hidden_case_lines(cell) -> None:
+    """Remove the lines that hidden tests printed (CONTRIBUTING.md: hidden checks are
+    named "hidden case X"): the hidden code is gone from the page, so its results go too."""
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "stream":
+            lines = out["text"].splitlines(keepends=True)
+            out["text"] = "".join(l for l in lines if not HIDDEN_CASE_LINE.match(l))
+    cell["outputs"] = [o for o in cell.get("outputs", [])
+                       if not (o.get("output_type") == "stream" and not o["text"])]
+
+
 def strip_title_number(nb):
     """Remove a chapter number typed into the title ("# 3. Why scale" -> "# Why scale").
 
@@ -88,6 +102,8 @@ def transform_public(nb):
     """Fold solutions behind a toggle and strip hidden tests (in place)."""
     nb, _ = ClearHiddenTests().preprocess(nb, {})
     for cell in nb.cells:
+        if is_test_cell(cell):
+            _drop_hidden_case_lines(cell)
         if not is_solution_cell(cell):
             continue
         # the marker comments are for nbgrader, not for the reader
