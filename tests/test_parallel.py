@@ -1,0 +1,102 @@
+"""tfbook.parallel: two gloo processes on 127.0.0.1 give the single-process gradients (chapter 16).
+
+One real two-process run (module fixture, about 5-20 s on 2 cores, mostly the children
+importing torch) is shared by the tests below; the rest are in-process and fast.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tfbook import parallel
+
+CFG = parallel.DPConfig()
+
+
+@pytest.fixture(scope="module")
+def runs():
+    ref = parallel.single_process_run(CFG)
+    results = parallel.run_data_parallel(CFG, world_size=2, timeout=240)
+    return ref, results
+
+
+def test_allreduced_gradients_equal_single_process_gradients(runs):
+    ref, results = runs
+    assert [r["rank"] for r in results] == [0, 1]
+    for r in results:
+        assert r["grads"].keys() == ref["grads"].keys()
+        for n, g in ref["grads"].items():
+            assert r["grads"][n].dtype == torch.float64
+            # float64 round-off: (a + b) / 2 against autograd's mean over the whole batch
+            torch.testing.assert_close(r["grads"][n], g, atol=1e-12, rtol=0, msg=n)
+    # the shard losses differ from each other (the shards are different data) ...
+    assert abs(results[0]["local_losses"][0] - results[1]["local_losses"][0]) > 1e-3
+    # ... and their mean is the full-batch loss
+    for step, loss in enumerate(ref["losses"]):
+        assert abs(results[0]["losses"][step] - loss) < 1e-12  # float64 round-off
+
+
+def test_parameters_stay_in_sync_and_match_single_process_training(runs):
+    ref, (r0, r1) = runs
+    for n, p in ref["params"].items():
+        torch.testing.assert_close(r0["params"][n], r1["params"][n], atol=1e-15, rtol=0, msg=n)
+        # CFG.steps SGD steps: round-off can grow a little through the updates
+        torch.testing.assert_close(r0["params"][n], p, atol=1e-11, rtol=0, msg=n)
+    # and training moved them: the check is not comparing two initialisations
+    init = parallel.make_model(CFG)
+    moved = max((p.detach() - ref["params"][n]).abs().max().item() for n, p in init.named_parameters())
+    assert moved > 1e-3
+
+
+def test_context_parallel_attention_equals_full_attention(runs):
+    _, results = runs
+    Q, K, V = parallel._attention_data(CFG)
+    expected = F.scaled_dot_product_attention(Q, K, V)
+    assert results[0]["key_rows"] == (0, CFG.attn_T // 2) and results[1]["key_rows"] == (CFG.attn_T // 2, CFG.attn_T)
+    for r in results:
+        torch.testing.assert_close(r["attention"], expected, atol=1e-12, rtol=0)  # float64 round-off
+
+
+def test_merge_softmax_states_is_exact_for_uneven_splits():
+    g = torch.Generator().manual_seed(3)
+    Q, K, V = (torch.randn(7, 5, generator=g, dtype=torch.float64) * 4 for _ in range(3))
+    K, V = torch.randn(11, 5, generator=g, dtype=torch.float64) * 4, torch.randn(11, 3, generator=g, dtype=torch.float64)
+    parts = [parallel.softmax_state(Q, K[a:b], V[a:b]) for a, b in ((0, 1), (1, 7), (7, 11))]
+    _, l, acc = parallel.merge_softmax_states(parts)
+    torch.testing.assert_close(acc / l, F.scaled_dot_product_attention(Q, K, V), atol=1e-12, rtol=0)
+    # a single part is returned unchanged
+    m1, l1, a1 = parallel.softmax_state(Q, K, V)
+    m2, l2, a2 = parallel.merge_softmax_states([(m1, l1, a1)])
+    assert torch.equal(l1, l2) and torch.equal(a1, a2)
+
+
+def test_shard_splits_contiguously_and_rejects_uneven_batches():
+    x = torch.arange(12).reshape(6, 2)
+    assert torch.equal(torch.cat([parallel.shard(x, r, 3) for r in range(3)]), x)
+    with pytest.raises(ValueError, match="world_size=4"):
+        parallel.shard(x, 0, 4)
+    with pytest.raises(ValueError, match="rank"):
+        parallel.shard(x, 3, 3)
+
+
+def test_bad_arguments_raise_value_errors():
+    with pytest.raises(ValueError, match="batch_size=8"):
+        parallel.run_data_parallel(CFG, world_size=3)
+    with pytest.raises(ValueError, match="world_size"):
+        parallel.run_data_parallel(CFG, world_size=0)
+    with pytest.raises(ValueError, match="lr"):
+        parallel.DPConfig(lr=0.0)
+    with pytest.raises(ValueError, match="batch_size"):
+        parallel.DPConfig(batch_size=0)
+    with pytest.raises(ValueError, match="states"):
+        parallel.merge_softmax_states([])
+
+
+def test_timeout_kills_every_worker():
+    with pytest.raises(TimeoutError):
+        parallel.run_data_parallel(CFG, world_size=2, timeout=0.2)  # cannot even import torch in time
+    assert not [p for p in multiprocessing.active_children() if p.is_alive()]
