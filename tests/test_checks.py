@@ -310,3 +310,24 @@ def test_checks_work_from_notebooks_dir(tmp_path):
                             timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("✔ softmax")
+
+
+def test_check_close_complex_arrays(capsys):
+    """Complex results are compared with their imaginary parts, and a failure prints them."""
+    z = np.array([1 + 2j, -0.5 + 0.25j])
+    assert "max |error| ≤ 1e-15" in passes(capsys, check_close, z, z.copy(), "z")
+    w = z.copy()
+    w[1] += 1e-3j  # differs in the imaginary part only
+    msg = fails_with(capsys, check_close, w, z, "z", match="off by up to 0.001")
+    assert "index (1,)" in msg and "j" in msg
+
+
+def test_check_close_prints_an_explicit_rtol(capsys):
+    x = np.array([100.0, 200.0])
+    line = passes(capsys, check_close, x * 1.01, x, "x", atol=0, rtol=0.05)
+    assert "atol=0, rtol=0.05" in line
+    assert "rtol" not in passes(capsys, check_close, x, x.copy(), "x")
+
+
+def test_check_finite_one_entry(capsys):
+    assert "(1 entry)" in passes(capsys, check_finite, np.ones(1), "v")

@@ -88,8 +88,21 @@ def _tolerance(*arrays: np.ndarray) -> tuple[float, float]:
     return 1e-10, 1e-10  # float64 round-off; equivalent formulas differ by ~1e-15
 
 
+def _wide(a: np.ndarray) -> np.ndarray:
+    """``a`` in float64, or complex128 when it is complex (so no imaginary part is dropped)."""
+    return a.astype(np.complex128 if np.iscomplexobj(a) else np.float64)
+
+
 def _max_error(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) if a.size else 0.0
+    return float(np.max(np.abs(_wide(a) - _wide(b)))) if a.size else 0.0
+
+
+def _fmt_value(x: Any) -> str:
+    """One entry of an array for a message: real, or complex as ``a+bj``."""
+    x = complex(x) if np.iscomplexobj(x) else float(x)
+    if isinstance(x, complex):
+        return f"{x.real:.3g}{x.imag:+.3g}j"
+    return _fmt(x)
 
 
 def _close(a: np.ndarray, b: np.ndarray, atol: float, rtol: float) -> bool:
@@ -148,7 +161,7 @@ def check_finite(x: Any, name: str = "output") -> None:
         _fail(f"{name} contains {kinds} in {int(bad.sum())} of {a.size} entries (first at {first}): "
               "exp of a large number overflows (subtract the max first), or -inf reached an "
               "exp or a product?")
-    _passed(f"{name} is finite ({a.size} entries)")
+    _passed(f"{name} is finite ({a.size} {'entry' if a.size == 1 else 'entries'})")
 
 
 def check_close(actual: Any, expected: Any, name: str = "output",
@@ -165,14 +178,18 @@ def check_close(actual: Any, expected: Any, name: str = "output",
     if np.issubdtype(a.dtype, np.inexact) and not np.isfinite(a).all() and np.isfinite(e).all():
         check_finite(a, name)
     d_atol, d_rtol = _tolerance(a, e)
+    rtol_given = rtol is not None
     atol = d_atol if atol is None else atol
     rtol = d_rtol if rtol is None else rtol
     if not np.allclose(a, e, atol=atol, rtol=rtol, equal_nan=True):
-        err = np.abs(a.astype(np.float64) - e.astype(np.float64))
+        err = np.abs(_wide(a) - _wide(e))
         where = tuple(int(i) for i in np.unravel_index(np.nanargmax(err), err.shape)) if err.ndim else ()
         _fail(f"{name} is off by up to {_fmt(float(np.nanmax(err)))} (at index {where}: got "
-              f"{_fmt(float(a[where]))}, expected {_fmt(float(e[where]))}; atol={atol:g}, rtol={rtol:g})")
-    _passed(f"{name} matches (max |error| {_bound(_max_error(a, e))}, atol={atol:g})")
+              f"{_fmt_value(a[where])}, expected {_fmt_value(e[where])}; atol={atol:g}, rtol={rtol:g})")
+    # an explicitly chosen rtol is part of what held, so it is printed (the default is not,
+    # to keep the usual line short)
+    tolerances = f"atol={atol:g}" + (f", rtol={rtol:g}" if rtol_given else "")
+    _passed(f"{name} matches (max |error| {_bound(_max_error(a, e))}, {tolerances})")
 
 
 # --------------------------------------------------------------------------- helpers for calls
