@@ -1,7 +1,8 @@
 """tfbook.parallel: two gloo processes on 127.0.0.1 give the single-process gradients (chapter 16).
 
-One real two-process run (module fixture, about 5-20 s on 2 cores, mostly the children
-importing torch) is shared by the tests below; the rest are in-process and fast.
+One real two-process run with the default start method (fork on Linux; module fixture,
+a few seconds) is shared by most tests below; one more run uses spawn, the portable start
+method (each child imports torch: 5-30 s on 2 busy cores). The rest are in-process.
 """
 
 from __future__ import annotations
@@ -61,6 +62,15 @@ def test_context_parallel_attention_equals_full_attention(runs):
         torch.testing.assert_close(r["attention"], expected, atol=1e-12, rtol=0)  # float64 round-off
 
 
+def test_spawned_workers_give_the_same_gradients():
+    ref = parallel.single_process_run(parallel.DPConfig(steps=1))
+    results = parallel.run_data_parallel(parallel.DPConfig(steps=1), world_size=2, timeout=240,
+                                         start_method="spawn")
+    for r in results:
+        for n, g in ref["grads"].items():
+            torch.testing.assert_close(r["grads"][n], g, atol=1e-12, rtol=0, msg=n)  # float64 round-off
+
+
 def test_merge_softmax_states_is_exact_for_uneven_splits():
     g = torch.Generator().manual_seed(3)
     Q, K, V = (torch.randn(7, 5, generator=g, dtype=torch.float64) * 4 for _ in range(3))
@@ -92,11 +102,13 @@ def test_bad_arguments_raise_value_errors():
         parallel.DPConfig(lr=0.0)
     with pytest.raises(ValueError, match="batch_size"):
         parallel.DPConfig(batch_size=0)
+    with pytest.raises(ValueError, match="start_method"):
+        parallel.run_data_parallel(CFG, start_method="thread")
     with pytest.raises(ValueError, match="states"):
         parallel.merge_softmax_states([])
 
 
 def test_timeout_kills_every_worker():
     with pytest.raises(TimeoutError):
-        parallel.run_data_parallel(CFG, world_size=2, timeout=0.2)  # cannot even import torch in time
+        parallel.run_data_parallel(CFG, world_size=2, timeout=0.2, start_method="spawn")  # cannot import torch in time
     assert not [p for p in multiprocessing.active_children() if p.is_alive()]

@@ -1,7 +1,8 @@
 """Data parallelism on one machine: several processes, ``torch.distributed`` with gloo, 127.0.0.1 only.
 
-Chapter 16 runs :func:`run_data_parallel`, which starts ``world_size`` processes (spawned,
-so the worker :func:`_worker` lives here, in an importable module). Every process builds
+Chapter 16 runs :func:`run_data_parallel`, which starts ``world_size`` processes (forked on
+Linux, spawned elsewhere: a spawned worker is a fresh interpreter, so the worker function
+:func:`_worker` lives here, in an importable module). Every process builds
 the same small float64 :class:`~tfbook.torch.models.DecoderLM` from the same seed, takes
 its contiguous shard of each global batch, computes the mean loss of its shard, and
 averages the gradients with ``all_reduce(SUM) / world_size`` before a plain SGD step.
@@ -25,6 +26,7 @@ import datetime
 import math
 import os
 import socket
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -56,7 +58,7 @@ class DPConfig:
     d_ff: int = 32  # MLP hidden width
     batch_size: int = 8  # the GLOBAL batch; every rank gets batch_size / world_size rows
     steps: int = 4  # SGD steps
-    lr: float = 0.5  # SGD learning rate
+    lr: float = 0.2  # SGD learning rate
     seed: int = 0  # model init and data
     attn_T: int = 24  # context-parallel attention: sequence length
     attn_D: int = 8  # context-parallel attention: D_K = D_V
@@ -82,12 +84,19 @@ def make_model(cfg: DPConfig):
 
 
 def make_batches(cfg: DPConfig) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """``cfg.steps`` global batches ``(x, y)``, each ``(batch_size, block_size)`` int64, from a
-    random token stream seeded by ``cfg.seed`` (the same on every rank)."""
+    """``cfg.steps`` global batches ``(x, y)``, each ``(batch_size, block_size)`` int64, seeded by
+    ``cfg.seed`` (the same on every rank).
+
+    Each row counts modulo ``vocab_size`` from a random start with a random stride of 1, 2
+    or 3, so there is something to learn: the next token follows from the previous two.
+    """
     g = torch.Generator().manual_seed(1000 + cfg.seed)
+    k = torch.arange(cfg.block_size + 1)
     out = []
     for _ in range(cfg.steps):
-        w = torch.randint(0, cfg.vocab_size, (cfg.batch_size, cfg.block_size + 1), generator=g)
+        start = torch.randint(0, cfg.vocab_size, (cfg.batch_size, 1), generator=g)
+        stride = torch.randint(1, 4, (cfg.batch_size, 1), generator=g)
+        w = (start + stride * k) % cfg.vocab_size  # (B, T + 1)
         out.append((w[:, :-1], w[:, 1:]))
     return out
 
@@ -111,18 +120,24 @@ def _loss(model, x, y):
     return lm_loss(model, x, y)
 
 
+def _sgd_step(model, lr: float) -> None:
+    """Plain SGD, ``p <- p - lr * grad`` (by hand: importing ``torch.optim`` costs seconds)."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(p.grad, alpha=-lr)
+
+
 def single_process_run(cfg: DPConfig = DPConfig()) -> dict:
     """Train on one process with the whole batch; return losses, first-step gradients, final params."""
     model = make_model(cfg)
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
     losses, grads = [], None
     for x, y in make_batches(cfg):
-        opt.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=True)
         loss = _loss(model, x, y)
         loss.backward()
         if grads is None:
             grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
-        opt.step()
+        _sgd_step(model, cfg.lr)
         losses.append(loss.item())
     return {"losses": losses, "grads": grads,
             "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
@@ -187,6 +202,7 @@ def _worker(rank: int, world_size: int, port: int, cfg_dict: dict, out_dir: str,
     """One rank: DDP-style training, then one context-parallel attention; saves ``rank<r>.pt``."""
     import torch.distributed as dist
 
+    t_enter = time.time()
     torch.set_num_threads(1)  # two processes on a shared CPU: one thread each
     lo = _loopback_name()
     if lo is not None:
@@ -194,17 +210,17 @@ def _worker(rank: int, world_size: int, port: int, cfg_dict: dict, out_dir: str,
     cfg = DPConfig(**cfg_dict)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world_size, timeout=datetime.timedelta(seconds=timeout))
+    t_joined = time.time()
     try:
         model = make_model(cfg)
         # what DistributedDataParallel does at start: every rank takes rank 0's parameters
         for p in model.parameters():
             dist.broadcast(p.data, src=0)
-        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
         local_losses, losses, grads = [], [], None
         t0 = time.perf_counter()
         for x, y in make_batches(cfg):
             xs, ys = shard(x, rank, world_size), shard(y, rank, world_size)
-            opt.zero_grad(set_to_none=True)
+            model.zero_grad(set_to_none=True)
             loss = _loss(model, xs, ys)  # mean over this rank's tokens
             loss.backward()
             for p in model.parameters():  # the all-reduce: sum, then divide by the number of ranks
@@ -212,7 +228,7 @@ def _worker(rank: int, world_size: int, port: int, cfg_dict: dict, out_dir: str,
                 p.grad /= world_size
             if grads is None:
                 grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
-            opt.step()
+            _sgd_step(model, cfg.lr)
             total = loss.detach().clone()
             dist.all_reduce(total, op=dist.ReduceOp.SUM)
             local_losses.append(loss.item())
@@ -230,7 +246,7 @@ def _worker(rank: int, world_size: int, port: int, cfg_dict: dict, out_dir: str,
         _, l, acc = merge_softmax_states(parts)
         torch.save({"rank": rank, "world_size": world_size, "losses": losses, "local_losses": local_losses,
                     "grads": grads, "params": {n: p.detach().clone() for n, p in model.named_parameters()},
-                    "seconds": seconds, "attention": acc / l, "key_rows": (lo_k, hi_k)},
+                    "seconds": seconds, "timeline": (t_enter, t_joined, time.time()), "attention": acc / l, "key_rows": (lo_k, hi_k)},
                    Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -242,7 +258,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_data_parallel(cfg: DPConfig = DPConfig(), world_size: int = 2, timeout: float = 120.0) -> list[dict]:
+def run_data_parallel(cfg: DPConfig = DPConfig(), world_size: int = 2, timeout: float = 120.0,
+                      start_method: str | None = None) -> list[dict]:
     """Train ``cfg`` with ``world_size`` gloo processes on 127.0.0.1; return one result dict per rank.
 
     Each dict has ``losses`` (global mean loss per step), ``local_losses``, ``grads`` (the
@@ -250,6 +267,12 @@ def run_data_parallel(cfg: DPConfig = DPConfig(), world_size: int = 2, timeout: 
     ``seconds`` (the training loop's wall time) and ``attention`` (the context-parallel
     attention output, ``(attn_T, attn_D)``). Raises ``TimeoutError`` (after killing every
     worker) if the run takes longer than ``timeout`` seconds, and re-raises a worker's error.
+
+    ``start_method`` is ``"spawn"`` (a fresh interpreter per worker: safe everywhere, but each
+    worker pays for importing torch, seconds on a busy machine) or ``"fork"`` (the workers
+    start as copies of this process in a fraction of a second; fine here because they use
+    the CPU only and leave through ``os._exit``). The default, ``None``, is ``"fork"`` on
+    Linux and ``"spawn"`` elsewhere (macOS and Windows, where forking is unsafe or absent).
     """
     import torch.multiprocessing as mp
 
@@ -261,9 +284,13 @@ def run_data_parallel(cfg: DPConfig = DPConfig(), world_size: int = 2, timeout: 
         raise ValueError(f"batch_size={cfg.batch_size} does not split evenly into world_size={world_size} shards")
     if not timeout > 0:
         raise ValueError(f"timeout must be positive, got {timeout!r}")
+    if start_method is None:
+        start_method = "fork" if sys.platform.startswith("linux") else "spawn"
+    if start_method not in ("spawn", "fork"):
+        raise ValueError(f"start_method must be 'spawn' or 'fork', got {start_method!r}")
     with tempfile.TemporaryDirectory(prefix="tfbook-dp-") as out_dir:
         ctx = mp.start_processes(_worker, args=(world_size, _free_port(), asdict(cfg), out_dir, timeout),
-                                 nprocs=world_size, join=False, start_method="spawn")
+                                 nprocs=world_size, join=False, start_method=start_method)
         deadline = time.monotonic() + timeout
         try:
             while not ctx.join(timeout=max(0.1, min(1.0, deadline - time.monotonic()))):

@@ -10,7 +10,7 @@
 
 Both models are trained from scratch by::
 
-    python -m tfbook.lm_recipes          # writes tfbook/weights/ch12_*.pt
+    python -m tfbook.lm_tasks          # writes tfbook/weights/ch12_*.pt
 
 and the chapter loads those files by default (:func:`load_model`). Training is
 deterministic on CPU: the same seed gives the same losses and weights, on one thread.
@@ -53,7 +53,7 @@ ADDITION_VOCAB = "0123456789+="
 IGNORE = -100  # targets equal to this are skipped by nn.functional.cross_entropy (its default)
 
 # The recipes. Changing any number here changes the shipped weights: retrain with
-# `python -m tfbook.lm_recipes` and rerun tests/test_ch12_weights.py.
+# `python -m tfbook.lm_tasks` and rerun tests/test_ch12_weights.py.
 ADDITION_RECIPE = dict(n_train=60_000, n_test=1_000, steps=1_000, batch_size=128, lr=3e-3, seed=0)
 CORPUS_RECIPE = dict(val_fraction=0.1, steps=800, batch_size=32, lr=2e-3, weight_decay=0.1,
                      seed=0, eval_every=50)
@@ -226,16 +226,22 @@ def bits_per_char(model: DecoderLM, ids: torch.Tensor, block_size: int | None = 
     return total / count / math.log(2)
 
 
-class _OneThread:
-    """Train on one thread: results then do not depend on the machine's thread count,
-    and tiny models run faster than on two threads that compete with other jobs."""
+class _Reproducible:
+    """Train on one thread with deterministic algorithms; both settings are restored after.
+
+    One thread: results then do not depend on the machine's thread count, and tiny
+    models run faster than on two threads that compete with other jobs.
+    """
 
     def __enter__(self):
         self.n = torch.get_num_threads()
+        self.det = torch.are_deterministic_algorithms_enabled()
         torch.set_num_threads(1)
+        torch.use_deterministic_algorithms(True)
 
     def __exit__(self, *exc):
         torch.set_num_threads(self.n)
+        torch.use_deterministic_algorithms(self.det)
 
 
 def train_addition(steps: int | None = None, seed: int | None = None,
@@ -256,7 +262,7 @@ def train_addition(steps: int | None = None, seed: int | None = None,
         rows = torch.randint(0, x_all.shape[0], (r["batch_size"],), generator=generator)
         return x_all[rows], y_all[rows]
 
-    with _OneThread():
+    with _Reproducible():
         torch.manual_seed(r["seed"])
         model = DecoderLM(addition_config())
         history = train(model, lm_loss, batch_fn, r["steps"], lr=r["lr"], seed=r["seed"],
@@ -270,7 +276,9 @@ def train_corpus(steps: int | None = None, seed: int | None = None,
     """Train the character model on the shipped corpus with :data:`CORPUS_RECIPE`.
 
     ``history["loss"]`` is the training cross-entropy (nats per character) of every
-    step; ``history["eval"]`` the held-out bits per character every ``eval_every`` steps.
+    step; ``history["eval"]`` the held-out bits per character every ``eval_every`` steps
+    (and at step 0). The returned model holds the weights of the best evaluation, taken
+    at step ``history["best_step"]`` (early stopping).
     """
     r = dict(CORPUS_RECIPE)
     r["steps"] = r["steps"] if steps is None else steps
@@ -281,13 +289,27 @@ def train_corpus(steps: int | None = None, seed: int | None = None,
     def batch_fn(generator):
         return lm_batch(train_ids, config.block_size, r["batch_size"], generator=generator)
 
-    with _OneThread():
+    # Early stopping: a corpus this small is memorised within a few hundred steps, after
+    # which the held-out loss rises. Keep the weights of the best held-out evaluation.
+    best: dict = {"bpc": math.inf, "step": 0, "state": None, "evals": 0}
+
+    def evaluate(m):
+        bpc = bits_per_char(m, val_ids)
+        if bpc < best["bpc"]:
+            best.update(bpc=bpc, step=best["evals"] * r["eval_every"],
+                        state={k: v.detach().clone() for k, v in m.state_dict().items()})
+        best["evals"] += 1
+        return bpc
+
+    with _Reproducible():
         torch.manual_seed(r["seed"])
         model = DecoderLM(config)
         history = train(model, lm_loss, batch_fn, r["steps"], lr=r["lr"],
-                        weight_decay=r["weight_decay"], seed=r["seed"],
-                        evaluate=lambda m: bits_per_char(m, val_ids), eval_every=r["eval_every"],
-                        disable=disable, desc="corpus")
+                        weight_decay=r["weight_decay"], seed=r["seed"], evaluate=evaluate,
+                        eval_every=r["eval_every"], disable=disable, desc="corpus")
+    model.load_state_dict(best["state"])
+    model.eval()
+    history["best_step"] = best["step"]
     history["recipe"] = r
     return model, history
 
@@ -337,7 +359,7 @@ def main(out_dir=None) -> None:
     print(f"addition: final loss {history['loss'][-1]:.5f}, held-out exact match {acc:.4f}")
     save_model(out / WEIGHTS["addition"], model, history)
     model, history = train_corpus(disable=False)
-    print(f"corpus: held-out bits per character {history['eval'][-1]:.3f}")
+    print(f"corpus: held-out bits per character {min(history['eval']):.3f} at step {history['best_step']}")
     save_model(out / WEIGHTS["corpus"], model, history)
 
 
