@@ -23,7 +23,9 @@ every core in use, as a user would run it; GFLOP/s counts the two matrix product
 ``4 T^2 D_K`` FLOPs. The ceiling is the machine's own matrix-product rate, a large
 square ``np.matmul`` and ``torch.matmul`` in the same dtype: attention cannot beat
 it. Peak extra memory leaves out the inputs and the output ``Z`` (``T x D_V``, which
-every method must return): for NumPy it is measured with ``tracemalloc``; for PyTorch
+every method must return): for NumPy it is measured with ``tracemalloc`` (for the tiled
+version above T = 16384 on the first few query blocks against all keys, as each worker
+holds one query block at a time); for PyTorch
 (whose allocations ``tracemalloc`` cannot see) it is the rise of the peak resident
 memory of a fresh process (Linux only; ``n/a`` elsewhere).
 """
@@ -286,6 +288,9 @@ def main(argv=None) -> int:
         if r["naive_note"]:
             print(f"T = {r['T']}: tiled NumPy ran in {r['tiled_s']:.1f} s with {r['tiled_MiB']:.2f} MiB extra; "
                   f"naive skipped ({r['naive_note']})")
+    if any(T > 16384 for T in sizes):
+        print(f"(tiled memory above T = 16384: one traced call on the first {4 * cores * args.block_size} query "
+              "rows against all T keys; each worker holds one query block at a time)")
     tiled = [r["tiled_MiB"] for r in rows]
     print(f"tiled peak extra memory over T = {sizes[0]} ... {sizes[-1]}: {min(tiled):.2f} to {max(tiled):.2f} MiB "
           f"while one T x T matrix grows {rows[-1]['P_MiB'] / rows[0]['P_MiB']:.0f}-fold")

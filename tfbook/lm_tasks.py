@@ -55,7 +55,7 @@ IGNORE = -100  # targets equal to this are skipped by nn.functional.cross_entrop
 # The recipes. Changing any number here changes the shipped weights: retrain with
 # `python -m tfbook.lm_tasks` and rerun tests/test_ch12_weights.py.
 ADDITION_RECIPE = dict(n_train=60_000, n_test=1_000, steps=1_000, batch_size=128, lr=3e-3, seed=0)
-CORPUS_RECIPE = dict(val_fraction=0.1, steps=800, batch_size=32, lr=2e-3, weight_decay=0.1,
+CORPUS_RECIPE = dict(val_fraction=0.1, steps=800, batch_size=16, lr=2e-3, weight_decay=0.1,
                      seed=0, eval_every=50)
 
 
