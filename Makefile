@@ -74,12 +74,13 @@ test: $(STAMP) chromium
 # ---- graded exercises (nbgrader; see the README) ---------------------------------
 #   make release                          student notebooks into _build/release/<chapter>/
 #   make grade SUBMISSIONS=path/to/folder grades.csv and feedback/ into _build/grades/
+# nbgrader starts `alembic` from PATH, so the venv's bin goes first.
 release: $(STAMP)
-	$(BIN)/python -m tfbook.course release
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m tfbook.course release
 
 grade: $(STAMP)
 	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=path/to/folder" >&2; exit 2; }
-	$(BIN)/python -m tfbook.course grade "$(SUBMISSIONS)"
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m tfbook.course grade "$(SUBMISSIONS)"
 
 clean:
 	rm -rf _build _stage _vendor

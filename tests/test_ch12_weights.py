@@ -8,8 +8,9 @@ machines (float32 sums may be taken in another order), so they compare outcomes:
 * addition: held-out exact match within 1 percentage point of the shipped model and at
   least 99% (measured on the machine that wrote the weights: 100.0%); the first 5 losses
   to rtol 1e-4 (early steps have not yet accumulated round-off);
-* corpus: the best held-out bits per character within 0.05 bits of the shipped run's
-  (measured: 3.19 bits; a broken recipe, e.g. no early stopping, lands above 3.4).
+* corpus: the first 5 losses to rtol 1e-4, and the best held-out bits per character within
+  0.05 bits of the shipped run's (measured: 3.231 bits at step 600; without early stopping
+  the last evaluation, at step 800, is 3.35).
 """
 
 import numpy as np
