@@ -218,9 +218,6 @@ def plot(rows, ceiling, dtype, path: Path) -> None:
     best = max(ceiling)
     ax1.loglog(T, 4 * T**2 * D_K / (best * 1e9), "k--", lw=1,
                label=f"at the matmul ceiling ({best:.0f} GFLOP/s)")
-    for ax in (ax1, ax2):
-        ax.set_xticks(T, [str(int(t)) for t in T])
-        ax.minorticks_off()
     ax1.set_xlabel("sequence length T (tokens)")
     ax1.set_ylabel("time per call (s)")
     ax1.set_title(f"Attention time against T (one head, D_K = {D_K}, {dtype})")
@@ -230,6 +227,9 @@ def plot(rows, ceiling, dtype, path: Path) -> None:
     ax2.set_ylabel("peak extra memory (MiB, output excluded)")
     ax2.set_title("Peak extra memory against T")
     ax2.legend(fontsize=8)
+    for ax in (ax1, ax2):
+        ax.set_xticks(T, [str(int(t)) for t in T])
+        ax.minorticks_off()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
