@@ -231,8 +231,17 @@ class HideHiddenTests(_Base):
 # --------------------------------------------------------------------------- running nbgrader
 
 
+def _venv_bin_on_path() -> None:
+    """nbgrader starts ``alembic`` (its database migrations) from PATH; put this Python's
+    bin folder first so ``.venv/bin/python -m tfbook.course`` works without an activated venv."""
+    bindir = str(Path(sys.executable).parent)
+    if bindir not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
+
+
 def _run_nbgrader(args: list[str], course: Path, timeout: float, log: Path | None = None):
     """Run ``nbgrader ARGS`` in ``course``; return (returncode or None on timeout, output)."""
+    _venv_bin_on_path()
     cmd = [sys.executable, "-m", "nbgrader", *args, f"--CourseDirectory.root={course}"]
     proc = subprocess.Popen(cmd, cwd=course, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)  # own group: kill the kernel too
@@ -260,6 +269,7 @@ def _api(course: Path):
     """An in-process nbgrader API on ``course`` with the course's config (cached per course)."""
     api = _APIS.get(course)
     if api is None:
+        _venv_bin_on_path()
         from nbgrader.apps import NbGraderAPI
         from nbgrader.coursedir import CourseDirectory
         from traitlets.config.loader import PyFileConfigLoader
