@@ -103,6 +103,16 @@ def test_corpus_split_is_contiguous():
         lt.corpus_split(1.5)
 
 
+def test_corpus_split3_is_contiguous_and_keeps_the_test_slice():
+    tok, tr, va, te = lt.corpus_split3(0.1, 0.1)
+    text = load_corpus()
+    assert tok.decode(torch.cat([tr, va, te])) == text
+    assert abs(va.numel() - 0.1 * len(text)) <= 1 and abs(te.numel() - 0.1 * len(text)) <= 1
+    assert torch.equal(te, lt.corpus_split(0.1)[2])  # the test slice is the last tenth
+    with pytest.raises(ValueError, match="test_fraction"):
+        lt.corpus_split3(0.5, 0.6)
+
+
 def test_save_and_load_round_trip(tmp_path):
     torch.manual_seed(0)
     m = DecoderLM(lt.corpus_config(50))
