@@ -20,14 +20,6 @@ import torch
 import tfbook.number_words_task as nw
 
 
-@pytest.fixture
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _shipped_losses():
     with resources.files("tfbook").joinpath("weights/number_words_losses.json").open() as f:
         return json.load(f)

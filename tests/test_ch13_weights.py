@@ -28,14 +28,6 @@ def digits():
     return torch.from_numpy(d.X_test), torch.from_numpy(d.y_test)
 
 
-@pytest.fixture
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.mark.parametrize("variant", sorted(vd.VARIANTS))
 def test_shipped_weights_load_and_meet_the_bar(variant, digits, one_thread):
     model, losses = vd.load(variant)

@@ -31,15 +31,6 @@ ATOL = 1e-12  # float64 round-off, see the module docstring
 DT = torch.float64
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny models run faster on one thread than on two competing ones; restored after."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def close(a, b, atol=ATOL):
     np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=0, atol=atol)
 
