@@ -203,12 +203,23 @@ def off_host(requests: list[str]) -> list[str]:
             if urlsplit(u).scheme not in ("data", "blob", "about") and urlsplit(u).hostname != "127.0.0.1"]
 
 
+def toc_chapters() -> list[str]:
+    """Every notebook listed in _toc.yml, as its page path in the site."""
+    import yaml
+
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = [c["file"] for part in toc["parts"] for c in part.get("chapters", [])]
+    return [f"{f}.html" for f in files if f.startswith("notebooks/")]
+
+
 @pytest.mark.parametrize(
     "path, shot, min_containers",
     [
         ("book/intro.html", "landing", 1),          # one displayed equation on the landing page
         (CHAPTER0, "chapter00", 1),
         ("book/notation.html", "notation", 15),     # the notation table is mostly math
+    ] + [  # every other chapter: each one has math in its derivation
+        (path, Path(path).stem, 1) for path in toc_chapters() if path != CHAPTER0
     ],
 )
 def test_page_renders_math_offline(server, page, path, shot, min_containers):
