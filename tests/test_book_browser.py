@@ -37,6 +37,9 @@ TIMEOUT = 60.0  # seconds for any one page: load, typeset, fonts (a cold start t
 
 # Text nodes outside code and outside rendered math that still hold TeX delimiters,
 # and .math elements that MathJax did not replace: both mean math was left raw.
+# `overflow`: displayed equations wider than their box at the 1280x1000 viewport set in
+# the `page` fixture; such an equation runs under its number "(N)" and is clipped
+# (1 px of slack for sub-pixel rounding of the two widths).
 RAW_MATH_JS = r"""
 (() => {
   const root = document.querySelector('article') || document.body;
@@ -53,6 +56,8 @@ RAW_MATH_JS = r"""
     containers: document.querySelectorAll('mjx-container').length,
     merrors: [...document.querySelectorAll('mjx-merror')].map(e => e.textContent.slice(0, 80)),
     raw: raw, untypeset: untypeset,
+    overflow: [...document.querySelectorAll('mjx-container[display="true"]')]
+      .filter(c => c.scrollWidth > c.clientWidth + 1).map(c => c.textContent.slice(0, 40)),
     title: document.title,
   });
 })()
@@ -230,6 +235,8 @@ def test_page_renders_math_offline(server, page, path, shot, min_containers):
     assert report["merrors"] == [], f"{path}: MathJax errors {report['merrors']}"
     assert report["untypeset"] == [], f"{path}: math left untypeset {report['untypeset']}"
     assert report["raw"] == [], f"{path}: raw TeX delimiters in the text {report['raw']}"
+    assert report["overflow"] == [], \
+        f"{path}: displayed equations wider than the column (break them with aligned) {report['overflow']}"
     assert any(u.endswith("tex-chtml.js") or "/mathjax/tex-chtml.js" in u for u in requests), \
         f"{path}: the vendored MathJax was not loaded"
     assert off_host(requests) == [], f"{path}: requests left 127.0.0.1: {off_host(requests)}"
