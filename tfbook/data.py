@@ -48,6 +48,15 @@ def _as_int_list(ids) -> list[int]:
     return [int(i) for i in ids]
 
 
+def _decode(vocab, ids) -> str:
+    """The strings of ``ids`` in ``vocab``, joined; ValueError for ids outside the vocabulary."""
+    ids = _as_int_list(ids)
+    bad = [i for i in ids if not 0 <= i < len(vocab)]
+    if bad:
+        raise ValueError(f"ids outside 0..{len(vocab) - 1}: {bad[:10]}")
+    return "".join(vocab[i] for i in ids)
+
+
 # ---------------------------------------------------------------------------------------
 # Character tokenizer
 # ---------------------------------------------------------------------------------------
@@ -96,11 +105,7 @@ class CharTokenizer:
         return [self.stoi[ch] for ch in text]
 
     def decode(self, ids) -> str:
-        ids = _as_int_list(ids)
-        bad = [i for i in ids if not 0 <= i < len(self.vocab)]
-        if bad:
-            raise ValueError(f"ids outside 0..{len(self.vocab) - 1}: {bad[:10]}")
-        return "".join(self.vocab[i] for i in ids)
+        return _decode(self.vocab, ids)
 
     def __repr__(self) -> str:
         return f"CharTokenizer(vocab_size={self.vocab_size})"
@@ -237,11 +242,7 @@ class BPETokenizer:
         return ids
 
     def decode(self, ids) -> str:
-        ids = _as_int_list(ids)
-        bad = [i for i in ids if not 0 <= i < len(self.vocab)]
-        if bad:
-            raise ValueError(f"ids outside 0..{len(self.vocab) - 1}: {bad[:10]}")
-        return "".join(self.vocab[i] for i in ids)
+        return _decode(self.vocab, ids)
 
     def __repr__(self) -> str:
         return f"BPETokenizer(alphabet={len(self.alphabet)}, merges={len(self.merges)})"
