@@ -27,17 +27,19 @@ mask       boolean, ``True`` means "may attend", broadcast to ``(..., T_q, T_k)`
 =========  ==============================================================
 """
 
+import os
+
 __version__ = "0.1.0"
 
-__all__ = ["device", "__version__"]
+__all__ = ["device", "DEVICE_ENV", "__version__"]
 
 
-def device(prefer: str | None = None):
-    """Return the best available ``torch.device``: cuda, then mps, then cpu.
+DEVICE_ENV = "TFBOOK_DEVICE"
+_DEVICE_TYPES = ("cpu", "cuda", "mps")
 
-    ``prefer`` forces a device type (``"cpu"``, ``"cuda"``, ``"mps"``); a
-    ``ValueError`` is raised if that type is not available here.
-    """
+
+def _available_devices() -> list[str]:
+    """Device types PyTorch can use here, best first (cuda, then mps, then cpu)."""
     import torch
 
     available = ["cpu"]
@@ -46,8 +48,30 @@ def device(prefer: str | None = None):
     mps = getattr(torch.backends, "mps", None)
     if mps is not None and mps.is_available():
         available.insert(len(available) - 1, "mps")
+    return available
+
+
+def device(prefer: str | None = None):
+    """Return the ``torch.device`` the book's PyTorch code runs on.
+
+    In order: ``prefer`` if given; else the environment variable ``TFBOOK_DEVICE``
+    (``cpu``, ``cuda`` or ``mps``) if set and not empty; else the best available
+    device type: cuda, then mps, then cpu. A requested type that is not a device type,
+    or that is not available here, raises ``ValueError`` naming where the request came
+    from (the argument or the variable) and what is available.
+    """
+    import torch
+
+    source = "prefer"
+    if prefer is None:
+        env = os.environ.get(DEVICE_ENV, "").strip().lower()
+        if env:
+            prefer, source = env, f"the environment variable {DEVICE_ENV}"
+    available = _available_devices()
     if prefer is not None:
+        if prefer not in _DEVICE_TYPES:
+            raise ValueError(f"{source}={prefer!r} is not a device type; use one of {list(_DEVICE_TYPES)}")
         if prefer not in available:
-            raise ValueError(f"prefer={prefer!r} is not available here (available: {available})")
+            raise ValueError(f"{source}={prefer!r} is not available here (available: {available})")
         return torch.device(prefer)
     return torch.device(available[0])
