@@ -1,0 +1,124 @@
+"""The Colab install snippet (tools/colab_cell.py) is at the top of every chapter.
+
+The rocket button opens a chapter in Colab, which lacks tfbook: the first code cell
+installs it there, from the repository and branch in _config.yml, and does nothing
+(prints nothing) anywhere else.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+_spec = importlib.util.spec_from_file_location("colab_cell", ROOT / "tools" / "colab_cell.py")
+colab_cell = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(colab_cell)
+
+
+def _config_install_line() -> str:
+    """The install line, built here from _config.yml (not by the tool under test)."""
+    repo = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))["repository"]
+    url = repo["url"].rstrip("/")
+    assert url.startswith("https://") and "<" not in url, f"repository.url in _config.yml: {url!r}"
+    return f'%pip install --quiet "tfbook[book] @ git+{url}@{repo["branch"]}"'
+
+
+def _first_code(nb):
+    return next(c for c in nb.cells if c.cell_type == "code")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_first_code_cell_installs_tfbook_on_colab(path):
+    source = _first_code(nbformat.read(str(path), as_version=4)).source
+    lines = source.splitlines() + [""] * 4
+    hint = "run `python tools/colab_cell.py` and commit the notebooks"
+    assert lines[:3] == [lines[0], "import sys", 'if "google.colab" in sys.modules:'] \
+        and lines[0].startswith(colab_cell.MARKER), f"{path.name}: no Colab snippet at the top; {hint}"
+    assert lines[3] == "    " + _config_install_line(), \
+        f"{path.name}: the Colab snippet installs {lines[3].strip()!r}, not the repository of _config.yml; {hint}"
+    assert source.count(colab_cell.MARKER) == 1 and sum(
+        colab_cell.MARKER in c.source for c in nbformat.read(str(path), as_version=4).cells) == 1, \
+        f"{path.name}: the Colab snippet appears more than once"
+
+
+@pytest.fixture
+def copies(tmp_path):
+    out = []
+    for p in NOTEBOOKS[:2]:
+        nb = nbformat.read(str(p), as_version=4)
+        _first_code(nb).source = colab_cell.strip_snippet(_first_code(nb).source)  # as before the tool
+        nbformat.write(nb, str(tmp_path / p.name))
+        out.append(tmp_path / p.name)
+    return out
+
+
+def _config(tmp_path, url, branch):
+    cfg = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+    cfg["repository"].update(url=url, branch=branch)
+    path = tmp_path / f"config-{branch}.yml"
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    return path
+
+
+def test_tool_inserts_updates_and_never_duplicates(copies, tmp_path):
+    originals = [nbformat.read(str(p), as_version=4) for p in copies]
+    args = [str(p) for p in copies]
+    assert colab_cell.main(["--check", *args]) == 1
+
+    assert colab_cell.main(args) == 0
+    once = [p.read_text(encoding="utf-8") for p in copies]
+    assert colab_cell.main(args) == 0
+    assert [p.read_text(encoding="utf-8") for p in copies] == once, "a second run changed the notebooks"
+    assert colab_cell.main(["--check", *args]) == 0
+
+    fork = _config(tmp_path, "https://github.com/someone/fork/", "dev")
+    assert colab_cell.main(["--config", str(fork), *args]) == 0
+    assert colab_cell.main(["--check", *args]) == 1  # no longer the URL of _config.yml
+    for path, before in zip(copies, originals):
+        nb = nbformat.read(str(path), as_version=4)
+        first = _first_code(nb)
+        assert first.source.count("%pip install") == 1
+        assert first.source.splitlines()[3] == '    %pip install --quiet "tfbook[book] @ git+https://github.com/someone/fork@dev"'
+        # the rest of the notebook is as it was: the cell's own code, outputs, other cells
+        assert colab_cell.strip_snippet(first.source) == _first_code(before).source
+        assert first.outputs == _first_code(before).outputs
+        assert [c.source for c in nb.cells if c is not first] == \
+            [c.source for c in before.cells if c is not _first_code(before)]
+
+    # a snippet that ended up in a later code cell (a cell was inserted above) moves up
+    nb = nbformat.read(str(copies[0]), as_version=4)
+    nb.cells.insert(0, nbformat.v4.new_code_cell("x = 1"))
+    nbformat.write(nb, str(copies[0]))
+    assert colab_cell.main([str(copies[0])]) == 0
+    nb = nbformat.read(str(copies[0]), as_version=4)
+    assert sum(colab_cell.MARKER in c.source for c in nb.cells) == 1
+    assert colab_cell.main(["--check", str(copies[0])]) == 0
+
+
+def test_snippet_is_silent_off_colab_and_installs_on_colab(capfd, monkeypatch):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    calls = []
+    shell.register_magic_function(lambda line: calls.append(line), magic_kind="line", magic_name="pip")
+    snippet = colab_cell.snippet(*colab_cell.repository())
+    try:
+        assert shell.run_cell(snippet).success
+        assert calls == []
+        out, err = capfd.readouterr()
+        assert out == "" and err == "", "the snippet printed something outside Colab"
+
+        monkeypatch.setitem(sys.modules, "google.colab", type(sys)("google.colab"))
+        assert shell.run_cell(snippet).success
+        assert calls == [_config_install_line().removeprefix("%pip ")]
+    finally:
+        InteractiveShell.clear_instance()
+

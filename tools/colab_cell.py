@@ -1,0 +1,106 @@
+"""Make the first code cell of every chapter start with the Colab install snippet.
+
+The rocket button of a chapter opens the notebook in Google Colab, which has NumPy,
+PyTorch and Matplotlib but not tfbook. The snippet installs the book's package there
+(from the repository and branch under ``repository:`` in ``_config.yml``) and does
+nothing anywhere else: it prints nothing, so the stored outputs and nbval are
+unaffected. Usage (re-execute nothing; the outputs of the cell stay valid)::
+
+    python tools/colab_cell.py                  # every notebooks/*.ipynb
+    python tools/colab_cell.py notebooks/03_why_scale.ipynb --config _config.yml
+    python tools/colab_cell.py --check          # exit 1 if a notebook lacks the current snippet
+
+Idempotent: a snippet already there (recognised by its first line, up to its
+``%pip install`` line) is replaced by the current one, never added twice; a snippet
+found in any other code cell is removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import nbformat
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+MARKER = "# On Colab only: install the book's package"
+TEMPLATE = (
+    MARKER + " (does nothing elsewhere)\n"
+    "import sys\n"
+    'if "google.colab" in sys.modules:\n'
+    '    %pip install --quiet "tfbook[book] @ git+{url}@{branch}"\n'
+)
+
+
+def repository(config: Path = ROOT / "_config.yml") -> tuple[str, str]:
+    """``(url, branch)`` from the ``repository:`` section of ``_config.yml``."""
+    repo = (yaml.safe_load(config.read_text(encoding="utf-8")) or {}).get("repository") or {}
+    url, branch = str(repo.get("url") or "").strip().rstrip("/"), str(repo.get("branch") or "main").strip()
+    if not url.startswith("https://"):
+        raise SystemExit(f"{config}: repository.url must be an https URL, got {url!r}")
+    return url, branch
+
+
+def snippet(url: str, branch: str) -> str:
+    return TEMPLATE.format(url=url, branch=branch)
+
+
+def strip_snippet(source: str) -> str:
+    """``source`` without a leading snippet (any version of it) and the blank line after it."""
+    lines = source.splitlines(keepends=True)
+    if not lines or not lines[0].startswith(MARKER):
+        return source
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith("%pip install"):
+            rest = lines[i + 1:]
+            if rest and not rest[0].strip():
+                rest = rest[1:]
+            return "".join(rest)
+    return source  # a marker without its install line: not ours, leave it
+
+
+def apply(nb, text: str) -> bool:
+    """Put ``text`` at the top of the first code cell of ``nb``; True if ``nb`` changed."""
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    if not code:
+        return False
+    before = [c.source for c in code]
+    for cell in code:
+        cell.source = strip_snippet(cell.source)
+    rest = code[0].source
+    code[0].source = text.rstrip("\n") + ("\n\n" + rest if rest.strip() else "")
+    return [c.source for c in code] != before
+
+
+def has_snippet(nb, text: str) -> bool:
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    return bool(code) and code[0].source.startswith(text.rstrip("\n"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("notebooks", nargs="*", type=Path, help="default: notebooks/*.ipynb")
+    parser.add_argument("--config", type=Path, default=ROOT / "_config.yml")
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a notebook lacks it")
+    args = parser.parse_args(argv)
+    text = snippet(*repository(args.config))
+    paths = args.notebooks or sorted((ROOT / "notebooks").glob("*.ipynb"))
+    bad = []
+    for path in paths:
+        nb = nbformat.read(str(path), as_version=4)
+        if args.check:
+            if not has_snippet(nb, text):
+                bad.append(path)
+        elif apply(nb, text):
+            nbformat.write(nb, str(path))
+            print(f"updated {path}")
+    for path in bad:
+        print(f"{path}: the first code cell does not start with the Colab snippet "
+              f"(run python tools/colab_cell.py)", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
