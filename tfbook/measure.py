@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 import statistics
+import sys
 import time
 import tracemalloc
 from typing import Any, Callable, Iterator
@@ -31,15 +32,36 @@ def _check_repeats(repeats) -> int:
     return repeats
 
 
+_CONTROLLER: list = [None, -1]  # a cached threadpoolctl controller and len(sys.modules) when made
+
+
+def _blas_limit(n: int):
+    """A context limiting every loaded BLAS library to ``n`` threads (a no-op without threadpoolctl).
+
+    Finding the loaded libraries takes about half a millisecond, so the controller is
+    cached and made again only when modules (and with them, maybe, libraries) were
+    imported since; limiting with it takes microseconds.
+    """
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:  # pragma: no cover - threadpoolctl is a dependency of the book
+        return contextlib.nullcontext()
+    if _CONTROLLER[0] is None or _CONTROLLER[1] != len(sys.modules):
+        _CONTROLLER[:] = [ThreadpoolController(), len(sys.modules)]
+    return _CONTROLLER[0].limit(limits=n, user_api="blas")
+
+
 @contextlib.contextmanager
 def threads(n: int) -> Iterator[None]:
     """Run the body with ``n`` threads in PyTorch and in NumPy's BLAS; restore both after.
 
-    Sets ``torch.set_num_threads(n)`` (PyTorch's intra-op pool) and limits every BLAS
-    library loaded in the process (OpenBLAS, MKL, BLIS: what ``np.matmul`` uses) to ``n``
-    threads with ``threadpoolctl``. On exit, also after an exception, PyTorch gets back
-    the thread count it had on entry and the BLAS libraries theirs. Nested uses restore in
-    order. Without ``threadpoolctl`` installed only PyTorch is pinned.
+    Sets ``torch.set_num_threads(n)`` (PyTorch's intra-op pool) if PyTorch is imported,
+    and limits every BLAS library loaded in the process (OpenBLAS, MKL, BLIS: what
+    ``np.matmul`` uses) to ``n`` threads with ``threadpoolctl``. On exit, also after an
+    exception, PyTorch gets back the thread count it had on entry and the BLAS
+    libraries theirs. Nested uses restore in order. Without ``threadpoolctl`` installed
+    only PyTorch is pinned. It does not import PyTorch (so NumPy-only code stays light);
+    import it before entering if the body is the first to use it.
 
     Typical uses: ``with threads(1):`` around a timing, so it measures arithmetic and not
     how well work is shared between cores, or around training, so that results do not
@@ -58,21 +80,16 @@ def threads(n: int) -> Iterator[None]:
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be an integer >= 1 (threads), got {n!r}")
-    import torch
-
-    before = torch.get_num_threads()
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - threadpoolctl is a dependency of the book
-        blas = contextlib.nullcontext()
-    else:
-        blas = threadpool_limits(limits=n, user_api="blas")
-    torch.set_num_threads(n)
-    try:
-        with blas:
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    with _blas_limit(n):
+        if torch is not None:
+            torch.set_num_threads(n)
+        try:
             yield
-    finally:
-        torch.set_num_threads(before)
+        finally:
+            if torch is not None:
+                torch.set_num_threads(before)
 
 
 def peak_extra_bytes(fn: Callable[..., Any], *args, **kwargs) -> tuple[Any, int]:
