@@ -386,20 +386,88 @@ def test_tiled_equals_naive(seed, T_q, T_k, block, causal, backend):
 # ---------------------------------------------------------------------------
 
 
-def test_numpy_attention_threaded_path_with_masks():
-    # B H T_q T_k = 2^20 score entries: NumPy runs its query blocks on a thread pool
+@pytest.mark.parametrize("fn", [tnp.scaled_dot_product_attention, tnp.blocked_attention], ids=["reference", "blocked"])
+def test_numpy_attention_large_problem_with_masks(fn):
+    # B H T_q T_k = 2^20 score entries: blocked_attention runs its query blocks on a thread pool
     g = np.random.default_rng(0)
     Q, K, V = g.standard_normal((2, 2, 512, 16)) * 3, g.standard_normal((2, 2, 512, 16)), g.standard_normal((2, 2, 512, 8))
     mask = g.random((2, 1, 512, 512)) < 0.5
     mask[0, 0, 7] = False  # a fully masked row
     Q[1, 1, 3] *= 1e3  # a row whose scores overflow exp without the shift
-    Z, P = tnp.scaled_dot_product_attention(Q, K, V, mask=mask)
+    Z, P = fn(Q, K, V, mask=mask)
     tQ, tK, tV, tm = (torch.as_tensor(a) for a in (Q, K, V, mask))
     S = (tQ @ tK.transpose(-1, -2) / 4).masked_fill(~tm, float("-inf"))
     P_ref = torch.softmax(S, -1).nan_to_num(0.0)  # torch gives NaN for the empty row; ours gives 0
     np.testing.assert_allclose(P, P_ref.numpy(), rtol=0, atol=1e-12)  # float64 round-off
     np.testing.assert_allclose(Z, (P_ref @ tV).numpy(), rtol=0, atol=1e-12)
     assert np.all(P[0, :, 7] == 0) and np.all(Z[0, :, 7] == 0)
+
+
+def _fast_cases():
+    """(Q shape, K shape, V shape, mask shape or None or "causal"): batch axes, broadcasting, ragged sizes."""
+    return [
+        ((5, 4), (7, 4), (7, 3), None),  # no batch axes
+        ((2, 3, 9, 4), (2, 3, 9, 4), (2, 3, 9, 5), "causal"),
+        ((2, 1, 33, 8), (1, 3, 40, 8), (1, 3, 40, 2), (2, 3, 33, 40)),  # broadcast batch, full mask
+        ((3, 300, 16), (3, 517, 16), (3, 517, 8), (300, 517)),  # more than one query block per batch
+        ((2, 2, 512, 16), (2, 2, 512, 16), (2, 2, 512, 8), (2, 1, 512, 512)),  # threaded, mask with batch axes
+    ]
+
+
+# tiled_attention takes no general mask (causal only), so it runs on the other cases
+_FAST = [(v, c) for v in ("blocked", "tiled") for c in _fast_cases() if v == "blocked" or c[3] in (None, "causal")]
+
+
+@pytest.mark.parametrize("variant,case", _FAST, ids=[f"{v}-" + "x".join(map(str, c[0])) for v, c in _FAST])
+def test_fast_attention_equals_reference(variant, case):
+    sq, sk, sv, ms = case
+    g = np.random.default_rng(len(sq) + sq[-2])
+    Q, K, V = 3 * g.standard_normal(sq), g.standard_normal(sk), g.standard_normal(sv)  # scores of tens
+    T_q, T_k = sq[-2], sk[-2]
+    if ms == "causal":
+        mask = np.tril(np.ones((T_q, T_k), bool))
+    elif ms is not None:
+        mask = g.random(ms) < 0.6
+        mask[..., 1, :] = False  # fully masked rows
+    else:
+        mask = None
+    Z_ref, P_ref = tnp.scaled_dot_product_attention(Q, K, V, mask=mask)
+    if variant == "blocked":
+        Z, P = tnp.blocked_attention(Q, K, V, mask=mask)
+        np.testing.assert_allclose(P, P_ref, rtol=0, atol=1e-12)  # float64 round-off
+    else:
+        Z = tnp.tiled_attention(Q, K, V, block_size=16, causal=ms == "causal")
+    assert Z.shape == Z_ref.shape and Z.dtype == Z_ref.dtype == np.float64
+    np.testing.assert_allclose(Z, Z_ref, rtol=0, atol=1e-12)  # float64 round-off, other summation order
+    if mask is not None and ms != "causal":
+        assert np.all(Z[..., 1, :] == 0) and np.all(Z_ref[..., 1, :] == 0)
+
+
+def test_blocked_attention_scale_and_large_logits():
+    g = np.random.default_rng(5)
+    Q, K, V = g.standard_normal((2, 6, 4)), g.standard_normal((2, 8, 4)), g.standard_normal((2, 8, 3))
+    for scale in (0.3, 1.0, 50.0):  # 50: scores in the hundreds, exp overflows without the shift
+        for a, b in zip(tnp.blocked_attention(Q, K, V, scale=scale), tnp.scaled_dot_product_attention(Q, K, V, scale=scale)):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-12)  # float64 round-off
+    # scores 1000 + w_i u_j and -1000 + w_i u_j: exp overflows (and underflows) for every key, yet the
+    # weights are far from one-hot, so a wrong recomputation of those rows cannot hide
+    w, u = g.standard_normal(4), g.standard_normal(9)
+    Qo = np.stack([np.array([1.0, -1.0, 1.0, -1.0]), w], axis=-1)  # (4, 2)
+    Ko = np.stack([np.full(9, 1000.0), u], axis=-1)  # (9, 2)
+    Vo = g.standard_normal((9, 3))
+    S = Qo @ Ko.T
+    P_exact = np.exp(S - S.max(axis=-1, keepdims=True))
+    P_exact /= P_exact.sum(axis=-1, keepdims=True)
+    assert P_exact.max() < 0.9
+    for fn in (tnp.blocked_attention, tnp.scaled_dot_product_attention):
+        Z, P = fn(Qo, Ko, Vo, scale=1.0)
+        np.testing.assert_allclose(P, P_exact, rtol=0, atol=1e-12)  # float64 round-off
+        np.testing.assert_allclose(Z, P_exact @ Vo, rtol=0, atol=1e-12)
+    Q32 = np.array([[100.0, 0.0], [-100.0, 0.0]], np.float32)  # scores +-1e4
+    K32 = np.array([[100.0, 0.0], [0.0, 100.0]], np.float32)
+    Z, P = tnp.blocked_attention(Q32, K32, K32, scale=1.0)
+    assert Z.dtype == P.dtype == np.float32
+    np.testing.assert_array_equal(P, [[1, 0], [0, 1]])
 
 
 def test_tiled_attention_memory_is_linear_in_T():

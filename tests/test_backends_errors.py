@@ -14,6 +14,7 @@ import tfbook.numpy as tnp
 from tfbook.torch import functional as TF
 
 from conftest import random_decoder_params, random_encoder_params, random_ffn_params, random_mha_params
+from test_backends_parity import NUMPY_ONLY
 
 g = np.random.default_rng(0)
 
@@ -44,6 +45,10 @@ CASES = [
      r"mask of shape \(5, 6\).*\(2, 5, 7\)"),
     ("scaled_dot_product_attention", (r(2, 5, 4), r(2, 7, 4), r(2, 7, 4)), {"mask": np.ones((5, 7))},
      r"mask must be boolean.*\(5, 7\)"),
+]
+# blocked_attention validates exactly as the reference: the same cases, the same messages
+CASES += [("blocked_attention",) + c[1:] for c in CASES if c[0] == "scaled_dot_product_attention"]
+CASES += [
     ("additive_attention", (r(5, 3), r(6, 2), r(6, 4), r(4, 8), r(2, 8), r(8)), {}, r"W_q.*\(3, \?\).*\(4, 8\)"),
     ("additive_attention", (r(5, 3), r(6, 2), r(6, 4), r(3, 8), r(2, 8), r(7)), {}, r"v .*\(8,\).*\(7,\)"),
     ("additive_attention", (r(5, 3), r(6, 2), r(7, 4), r(3, 8), r(2, 8), r(8)), {}, r"T_k=6.*T_k=7"),
@@ -120,7 +125,8 @@ def test_bad_input_raises_value_error_with_shapes(backend, name, args, kwargs, p
         if any(isinstance(a, np.ndarray) and a.dtype.kind == "U" for a in args):
             args = (torch.tensor([1, 2]),)  # torch has no string tensors: use an integer tensor
             pattern = r"x must be floating point.*\(2,\)"
-        fn, args, kwargs = getattr(TF, name), tuple(_conv(a) for a in args), _conv(kwargs)
+        twin = NUMPY_ONLY[name][0] if name in NUMPY_ONLY else name  # the torch function computing the same
+        fn, args, kwargs = getattr(TF, twin), tuple(_conv(a) for a in args), _conv(kwargs)
     else:
         fn = getattr(tnp, name)
     with pytest.raises(ValueError, match=pattern):

@@ -52,7 +52,7 @@ def _blas_limit(n: int):
 
 
 @contextlib.contextmanager
-def threads(n: int) -> Iterator[None]:
+def threads(n: int, *, include_torch: bool = True) -> Iterator[None]:
     """Run the body with ``n`` threads in PyTorch and in NumPy's BLAS; restore both after.
 
     Sets ``torch.set_num_threads(n)`` (PyTorch's intra-op pool) if PyTorch is imported,
@@ -72,6 +72,9 @@ def threads(n: int) -> Iterator[None]:
     ----------
     n : int
         Threads, ``>= 1``.
+    include_torch : bool
+        ``False`` pins BLAS only (what :func:`tfbook.numpy.blocked_attention` uses while
+        its own threads run, so that PyTorch elsewhere in the process is left alone).
 
     Raises
     ------
@@ -80,7 +83,7 @@ def threads(n: int) -> Iterator[None]:
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"n must be an integer >= 1 (threads), got {n!r}")
-    torch = sys.modules.get("torch")
+    torch = sys.modules.get("torch") if include_torch else None
     before = torch.get_num_threads() if torch is not None else None
     with _blas_limit(n):
         if torch is not None:

@@ -2,7 +2,8 @@
 
 Plain functions with explicit parameters and no hidden state. The file reads top
 to bottom in the order of the book: softmax, attention, masks, heads, positions,
-norms and the MLP, blocks, image patches, and finally efficient attention.
+norms and the MLP, blocks, image patches, and finally efficient attention (the
+fast variants of the reference attention: blocked, tiled, linear).
 
 Conventions (see :mod:`tfbook` for the notation table): row vectors, so a sequence
 is ``X (..., T, D)`` and ``Q = X @ W_Q`` with ``W_Q (D, D_K)``; masks are boolean
@@ -20,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from . import _validate as _v
+from .measure import threads as _threads
 
 __all__ = [
     # softmax and attention
@@ -57,6 +59,7 @@ __all__ = [
     "attention_rollout",
     # efficient attention
     "kv_cache_append",
+    "blocked_attention",
     "tiled_attention",
     "linear_attention",
 ]
@@ -109,53 +112,14 @@ def softmax(x, axis=-1):
     return e
 
 
-def _query_block(T_k: int, itemsize: int) -> int:
-    """Query rows per block so that a block of scores is about 2 MiB (stays in a core's L2 cache)."""
-    return max(32, min(1024, (2 << 20) // max(1, T_k * itemsize)))
-
-
-_BLAS_CONTROL = []  # a cached threadpoolctl controller, or None when unavailable
-
-
-def _blas_single_thread():
-    """A context in which BLAS runs on one thread (so our own threads do not oversubscribe)."""
-    if not _BLAS_CONTROL:
-        try:
-            from threadpoolctl import ThreadpoolController
-
-            _BLAS_CONTROL.append(ThreadpoolController())
-        except ImportError:  # pragma: no cover - then we stay on one thread
-            _BLAS_CONTROL.append(None)
-    ctl = _BLAS_CONTROL[0]
-    return None if ctl is None else ctl.limit(limits=1, user_api="blas")
-
-
-def _run_blocks(work, tasks, size):
-    """Run ``work(task)`` for every task; on several threads when the problem is large.
-
-    NumPy's elementwise functions use one core; running independent query blocks
-    on threads (NumPy releases the GIL inside them) uses them all. BLAS is kept
-    to one thread meanwhile: its own threads gain nothing on these small blocks
-    and, when cores are busy, fight with ours and slow everything down badly.
-    ``size`` is the number of score entries; tiny problems just run.
-    """
-    ctx = _blas_single_thread() if size >= (1 << 16) else None
-    if ctx is None:
-        for t in tasks:
-            work(t)
-        return
-    n = min(os.cpu_count() or 1, len(tasks)) if size >= (1 << 20) else 1
-    with ctx:
-        if n == 1:
-            for t in tasks:
-                work(t)
-            return
-        with ThreadPoolExecutor(n) as pool:
-            list(pool.map(lambda part: [work(t) for t in part], [tasks[i::n] for i in range(n)]))
-
-
 def scaled_dot_product_attention(Q, K, V, mask=None, scale=None):
-    """Scaled dot-product attention, ``Z = softmax(Q K^T * scale) V``.
+    """Scaled dot-product attention, ``Z = softmax(Q K^T * scale) V``: the reference.
+
+    Written as its equation, one step a line, every ``(T_q, T_k)`` array in full: the
+    scores ``S``, then the weights ``P``, then ``Z``. At its peak it holds three
+    ``(..., T_q, T_k)`` arrays (``S``, ``S - max`` and ``exp(S - max)``). The same
+    computation, faster and in less memory, is :func:`blocked_attention` (``Z`` and
+    ``P``) and :func:`tiled_attention` (``Z`` only); both are tested equal to this one.
 
     Parameters
     ----------
@@ -177,69 +141,32 @@ def scaled_dot_product_attention(Q, K, V, mask=None, scale=None):
         Outputs, each a weighted average of the rows of ``V``.
     P : (..., T_q, T_k) ndarray
         Attention weights; rows sum to one (zero rows where fully masked).
-
-    Notes
-    -----
-    The work is done in blocks of query rows: the scores of a block are written
-    straight into the output ``P`` and turned into weights there, in place,
-    while they are still in cache. Scaling ``Q`` costs ``T_q D_K`` multiplies
-    instead of ``T_q T_k`` for scaling ``S``. Rows are first exponentiated
-    without subtracting their maximum (the same softmax, one pass fewer); any row
-    where that overflows or underflows is recomputed the textbook way, with the
-    row maximum subtracted (:func:`softmax`), so logits of +-1e4 are safe.
     """
+    Q, K, V, mask = _check_attention_args(Q, K, V, mask)
+    if scale is None:
+        scale = 1.0 / math.sqrt(Q.shape[-1])
+    S = Q @ np.swapaxes(K, -1, -2)                  # 1. scores (..., T_q, T_k)
+    S = S * scale                                   # 2. scaled, by 1/sqrt(D_K) unless told
+    if mask is not None:
+        S = np.where(mask, S, -np.inf)              # 3. masked keys: score -inf, weight 0
+    m = S.max(axis=-1, keepdims=True)               # 4. row maxima (..., T_q, 1)
+    m[~np.isfinite(m)] = 0                          #    (a fully masked row: shift by 0)
+    P = np.exp(S - m)                               # 5. softmax: every exponent <= 0, no overflow
+    l = P.sum(axis=-1, keepdims=True)               #    row sums (..., T_q, 1)
+    P = P / np.where(l == 0, 1, l)                  #    rows sum to 1; a fully masked row stays 0
+    Z = P @ V                                       # 6. outputs (..., T_q, D_V)
+    return Z, P
+
+
+def _check_attention_args(Q, K, V, mask):
+    """Validated ``Q, K, V`` (converted to one floating dtype) and ``mask`` (an ndarray or None)."""
     Q, K, V = _as_float(Q, "Q"), _as_float(K, "K"), _as_float(V, "V")
     batch = _v.check_qkv(Q, K, V)
-    T_q, D_K = Q.shape[-2:]
-    T_k, D_V = V.shape[-2:]
     if mask is not None:
         mask = np.asarray(mask)
-        _v.check_mask(mask, T_q, T_k, batch)
-        batch = _v.broadcast_batch({"Q, K, V": batch, "mask": mask.shape[:-2]})
+        _v.check_mask(mask, Q.shape[-2], K.shape[-2], batch)
     dtype = np.result_type(Q, K, V)
-    if scale is None:
-        scale = 1.0 / math.sqrt(D_K)
-    Qs = np.broadcast_to((Q * scale).astype(dtype, copy=False), batch + (T_q, D_K))  # (..., T_q, D_K)
-    Kt = np.broadcast_to(np.swapaxes(K, -1, -2), batch + (D_K, T_k))  # (..., D_K, T_k)
-    # V with a column of ones: E @ [V | 1] gives the numerators and the row sums in one product
-    V1 = np.concatenate([V.astype(dtype, copy=False), np.ones(V.shape[:-1] + (1,), dtype)], axis=-1)
-    V1 = np.broadcast_to(V1, batch + (T_k, D_V + 1))  # (..., T_k, D_V + 1)
-    blocked = None if mask is None else np.broadcast_to(~mask, batch + (T_q, T_k))
-    safe = np.sqrt(np.finfo(dtype).tiny)  # a row sum above this kept full precision
-
-    P = np.empty(batch + (T_q, T_k), dtype=dtype)
-    Z = np.empty(batch + (T_q, D_V), dtype=dtype)
-
-    def block(task):
-        b, i0 = task
-        rows = b + (slice(i0, i0 + step),)
-        S = P[rows]  # (rows, T_k) view: the scores become the weights in place
-        np.matmul(Qs[rows], Kt[b], out=S)
-        if blocked is not None:
-            np.copyto(S, -np.inf, where=blocked[rows])
-        # Fast path: exp(S) / sum exp(S) is softmax exactly; it only fails numerically when
-        # exp overflows or a whole row underflows, and those rows are redone with the shift.
-        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
-            np.exp(S, out=S)
-            ZU = S @ V1[b]  # (rows, D_V + 1): unnormalised outputs | row sums
-        s = ZU[:, -1:]
-        bad = ~(np.isfinite(ZU).all(axis=-1) & (s[:, 0] > safe))
-        if bad.any():
-            S_bad = Qs[rows][bad] @ Kt[b]  # recompute the scores of those rows
-            if blocked is not None:
-                S_bad[blocked[rows][bad]] = -np.inf
-            P_bad = softmax(S_bad, axis=-1)  # subtracts the row max; all-masked rows -> 0
-            S[bad] = P_bad
-            ZU[bad, :-1] = P_bad @ V1[b][:, :-1]
-            s[bad] = 1
-        r = 1 / s
-        S *= r
-        np.multiply(ZU[:, :-1], r, out=Z[rows])
-
-    step = _query_block(T_k, P.itemsize)
-    tasks = [(b, i0) for b in np.ndindex(*batch) for i0 in range(0, T_q, step)]
-    _run_blocks(block, tasks, P.size)
-    return Z, P
+    return Q.astype(dtype, copy=False), K.astype(dtype, copy=False), V.astype(dtype, copy=False), mask
 
 
 def additive_attention(Q, K, V, W_q, W_k, v, mask=None):
@@ -956,7 +883,7 @@ def attention_rollout(attentions, residual=True):
 
 
 # ---------------------------------------------------------------------------
-# Efficient attention: KV cache, tiled (online softmax), linear
+# Efficient attention: KV cache, blocked (fast reference), tiled (online softmax), linear
 # ---------------------------------------------------------------------------
 
 
@@ -997,6 +924,125 @@ def _check_kv_cache(cache, K_new, V_new):
         if old.ndim != new.ndim or old.shape[:-2] != new.shape[:-2] or old.shape[-1] != new.shape[-1]:
             raise ValueError(f"cache {name} of shape {tuple(old.shape)} cannot take {name}_new of shape "
                              f"{tuple(new.shape)} (only axis -2 may differ)")
+
+
+def _query_block(T_k: int, itemsize: int) -> int:
+    """Query rows per block so that a block of scores is about 2 MiB (stays in a core's L2 cache)."""
+    return max(32, min(1024, (2 << 20) // max(1, T_k * itemsize)))
+
+
+def _run_blocks(work, tasks, size):
+    """Run ``work(task)`` for every task; on several threads when the problem is large.
+
+    NumPy's elementwise functions use one core; running independent query blocks
+    on threads (NumPy releases the GIL inside them) uses them all. BLAS is kept
+    to one thread meanwhile: its own threads gain nothing on these small blocks
+    and, when cores are busy, fight with ours and slow everything down badly.
+    ``size`` is the number of score entries; tiny problems just run.
+    """
+    if size < (1 << 16):
+        for t in tasks:
+            work(t)
+        return
+    n = min(os.cpu_count() or 1, len(tasks)) if size >= (1 << 20) else 1
+    with _threads(1, include_torch=False):
+        if n == 1:
+            for t in tasks:
+                work(t)
+            return
+        with ThreadPoolExecutor(n) as pool:
+            list(pool.map(lambda part: [work(t) for t in part], [tasks[i::n] for i in range(n)]))
+
+
+def blocked_attention(Q, K, V, mask=None, scale=None):
+    """:func:`scaled_dot_product_attention`, fast: query blocks in cache, on several threads.
+
+    Same arguments, same result ``(Z, P)`` (tested equal to the reference to float64
+    round-off), same validation. It holds one ``(..., T_q, T_k)`` array (``P`` itself)
+    plus a few blocks, instead of the reference's three, and on a multi-core CPU it runs
+    query blocks on a thread pool.
+
+    Parameters
+    ----------
+    Q : (..., T_q, D_K) ndarray
+        Queries.
+    K : (..., T_k, D_K) ndarray
+        Keys.
+    V : (..., T_k, D_V) ndarray
+        Values.
+    mask : (..., T_q, T_k) bool ndarray, optional
+        ``True`` where query ``i`` may attend to key ``j``; any shape that
+        broadcasts to ``(..., T_q, T_k)``.
+    scale : float, optional
+        Multiplies the scores; defaults to ``1 / sqrt(D_K)``.
+
+    Returns
+    -------
+    Z : (..., T_q, D_V) ndarray
+        Outputs, each a weighted average of the rows of ``V``.
+    P : (..., T_q, T_k) ndarray
+        Attention weights; rows sum to one (zero rows where fully masked).
+
+    Notes
+    -----
+    The work is done in blocks of query rows: the scores of a block are written
+    straight into the output ``P`` and turned into weights there, in place,
+    while they are still in cache. Scaling ``Q`` costs ``T_q D_K`` multiplies
+    instead of ``T_q T_k`` for scaling ``S``. Rows are first exponentiated
+    without subtracting their maximum (the same softmax, one pass fewer); any row
+    where that overflows or underflows is recomputed the textbook way, with the
+    row maximum subtracted (:func:`softmax`), so logits of +-1e4 are safe.
+    """
+    Q, K, V, mask = _check_attention_args(Q, K, V, mask)
+    batch = _v.broadcast_batch({"Q": Q.shape[:-2], "K": K.shape[:-2], "V": V.shape[:-2]})
+    T_q, D_K = Q.shape[-2:]
+    T_k, D_V = V.shape[-2:]
+    if mask is not None:
+        batch = _v.broadcast_batch({"Q, K, V": batch, "mask": mask.shape[:-2]})
+    dtype = np.result_type(Q, K, V)
+    if scale is None:
+        scale = 1.0 / math.sqrt(D_K)
+    Qs = np.broadcast_to((Q * scale).astype(dtype, copy=False), batch + (T_q, D_K))  # (..., T_q, D_K)
+    Kt = np.broadcast_to(np.swapaxes(K, -1, -2), batch + (D_K, T_k))  # (..., D_K, T_k)
+    # V with a column of ones: E @ [V | 1] gives the numerators and the row sums in one product
+    V1 = np.concatenate([V.astype(dtype, copy=False), np.ones(V.shape[:-1] + (1,), dtype)], axis=-1)
+    V1 = np.broadcast_to(V1, batch + (T_k, D_V + 1))  # (..., T_k, D_V + 1)
+    blocked = None if mask is None else np.broadcast_to(~mask, batch + (T_q, T_k))
+    safe = np.sqrt(np.finfo(dtype).tiny)  # a row sum above this kept full precision
+
+    P = np.empty(batch + (T_q, T_k), dtype=dtype)
+    Z = np.empty(batch + (T_q, D_V), dtype=dtype)
+
+    def block(task):
+        b, i0 = task
+        rows = b + (slice(i0, i0 + step),)
+        S = P[rows]  # (rows, T_k) view: the scores become the weights in place
+        np.matmul(Qs[rows], Kt[b], out=S)
+        if blocked is not None:
+            np.copyto(S, -np.inf, where=blocked[rows])
+        # Fast path: exp(S) / sum exp(S) is softmax exactly; it only fails numerically when
+        # exp overflows or a whole row underflows, and those rows are redone with the shift.
+        with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+            np.exp(S, out=S)
+            ZU = S @ V1[b]  # (rows, D_V + 1): unnormalised outputs | row sums
+        s = ZU[:, -1:]
+        bad = ~(np.isfinite(ZU).all(axis=-1) & (s[:, 0] > safe))
+        if bad.any():
+            S_bad = Qs[rows][bad] @ Kt[b]  # recompute the scores of those rows
+            if blocked is not None:
+                S_bad[blocked[rows][bad]] = -np.inf
+            P_bad = softmax(S_bad, axis=-1)  # subtracts the row max; all-masked rows -> 0
+            S[bad] = P_bad
+            ZU[bad, :-1] = P_bad @ V1[b][:, :-1]
+            s[bad] = 1
+        r = 1 / s
+        S *= r
+        np.multiply(ZU[:, :-1], r, out=Z[rows])
+
+    step = _query_block(T_k, P.itemsize)
+    tasks = [(b, i0) for b in np.ndindex(*batch) for i0 in range(0, T_q, step)]
+    _run_blocks(block, tasks, P.size)
+    return Z, P
 
 
 def tiled_attention(Q, K, V, block_size=128, causal=False, scale=None):
