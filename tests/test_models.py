@@ -296,3 +296,64 @@ def test_vit_bad_input():
         ViTConfig(pooling="max")
     with pytest.raises(ValueError, match=r"images must be \(B, 1, 8, 8\)"):
         vit()(torch.rand(2, 1, 6, 6, dtype=DT))
+
+
+# --- fused attention: every model gives the same outputs with and without P -------------
+#
+# Without return_attention the models run PyTorch's fused attention kernel; with it, the
+# textbook path that forms P. Both must agree to float64 round-off (ATOL), and so must
+# their gradients (training uses the fused path).
+
+
+def _grads(model, loss):
+    return torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad])
+
+
+@pytest.mark.parametrize("kw", [{}, {"pos": "sinusoidal", "tie_weights": False, "norm_first": False}])
+def test_lm_fused_equals_explicit(kw):
+    model = lm(**kw)
+    idx = torch.randint(0, 11, (3, 16), generator=torch.Generator().manual_seed(0))
+    ref, attn = model(idx, return_attention=True)
+    out = model(idx)
+    close(out, ref)
+    assert len(attn) == 2
+    w = torch.randn(ref.shape, dtype=DT, generator=torch.Generator().manual_seed(1))
+    explicit = model(idx, return_attention=True)[0]
+    for a, b in zip(_grads(model, (out * w).sum()), _grads(model, (explicit * w).sum())):
+        close(a, b)
+    # the KV cache (fused inside) against the explicit full forward
+    caches = [KVCache() for _ in model.blocks]
+    parts = [model.forward_cached(idx[:, :5], caches)]
+    parts += [model.forward_cached(idx[:, t:t + 1], caches) for t in range(5, 16)]
+    close(torch.cat(parts, dim=1), ref)
+
+
+@pytest.mark.parametrize("kw", [{}, {"pos": "learned", "norm_first": False}])
+def test_seq2seq_fused_equals_explicit(kw):
+    model = seq2seq(**kw)
+    src_ids, src_valid = pad_batch([[3, 4, 5, 6, 7], [7, 8], [9]], pad_id=0)
+    tgt_ids, tgt_valid = pad_batch([[1, 2, 3], [1, 4, 5, 6, 2], [1]], pad_id=0)
+    src, src_valid = torch.tensor(src_ids), torch.tensor(src_valid)
+    tgt, tgt_valid = torch.tensor(tgt_ids), torch.tensor(tgt_valid)
+    ref, attn = model(src, tgt, src_valid, tgt_valid, return_attention=True)
+    assert set(attn) == {"encoder", "decoder_self", "cross"}
+    out = model(src, tgt, src_valid, tgt_valid)
+    close(out, ref)  # every position, padded ones included
+    close(model.encode(src, src_valid), model.encode(src, src_valid, return_attention=True)[0])
+    memory = model.encode(src, src_valid)
+    close(model.decode(tgt, memory, src_valid, tgt_valid),
+          model.decode(tgt, memory, src_valid, tgt_valid, return_attention=True)[0])
+    # gradients of the training loss through both paths
+    w = torch.randn(ref.shape, dtype=DT, generator=torch.Generator().manual_seed(2))
+    explicit = model(src, tgt, src_valid, tgt_valid, return_attention=True)[0]
+    for a, b in zip(_grads(model, (out * w).sum()), _grads(model, (explicit * w).sum())):
+        close(a, b)
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+@pytest.mark.parametrize("pos", ["1d", "2d", "none"])
+def test_vit_fused_equals_explicit(pooling, pos):
+    model = vit(pooling=pooling, pos=pos)
+    images = torch.rand(3, 1, 8, 8, dtype=DT, generator=torch.Generator().manual_seed(0))
+    ref, _ = model(images, return_attention=True)
+    close(model(images), ref)

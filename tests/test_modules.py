@@ -273,7 +273,9 @@ def test_block_attention_weights_are_returned():
     enc = EncoderBlock(8, 2, 16).double()
     X = torch.randn(2, 4, 8, dtype=DT)
     Y, P = enc(X, return_attention=True)
-    close(Y, enc(X), atol=0)  # the same computation, bit for bit
+    # without return_attention the block runs PyTorch's fused kernel: the same Y to
+    # float64 round-off (tests below compare the two paths everywhere)
+    close(Y, enc(X))
     assert P.shape == (2, 2, 4, 4)
     close(P.sum(-1), torch.ones(2, 2, 4, dtype=DT), atol=1e-12)  # rows of P sum to one
     dec = DecoderBlock(8, 2, 16).double()
@@ -410,3 +412,129 @@ def test_patch_embedding_bad_input():
         PatchEmbedding.from_conv(nn.Conv2d(3, 8, kernel_size=4, stride=2))
     with pytest.raises(ValueError, match="padding"):
         PatchEmbedding.from_conv(nn.Conv2d(3, 8, kernel_size=4, stride=4, padding=1))
+
+
+# --- fused attention (return_attention=False) equals the explicit path -----------------
+#
+# Without return_attention the modules call torch.nn.functional.scaled_dot_product_attention
+# and never form P. These tests compare that path with the textbook one (P materialised),
+# in float64 to ATOL (round-off; a mask ignored or a row not zeroed moves Z by 1e-2 or more),
+# with every kind of mask, and their gradients too.
+
+
+def _mask(kind, B, T_q, T_kv, H, seed):
+    g = torch.Generator().manual_seed(seed)
+    if kind == "none":
+        return None
+    if kind == "causal":
+        return torch.ones(T_q, T_kv, dtype=torch.bool).tril(diagonal=T_kv - T_q)  # (T_q, T_kv)
+    if kind == "padding":
+        return key_valid(B, T_kv, seed)[:, None, :]  # (B, 1, T_kv)
+    if kind == "per_head":
+        m = torch.rand(B, H, T_q, T_kv, generator=g) < 0.6  # (B, H, T_q, T_kv)
+        m[..., 0] = True
+        return m
+    if kind == "empty_rows":  # some query rows may attend to nothing
+        m = torch.rand(B, T_q, T_kv, generator=g) < 0.6
+        m[:, 1] = False
+        m[0, -1] = False
+        return m
+    raise AssertionError(kind)
+
+
+FUSED_MASKS = ["none", "causal", "padding", "per_head", "empty_rows"]
+
+
+@pytest.mark.parametrize("B, T_q, T_kv, D, H, bias, seed", MHA_CASES)
+@pytest.mark.parametrize("mask_kind", FUSED_MASKS)
+def test_mha_fused_equals_explicit(B, T_q, T_kv, D, H, bias, seed, mask_kind):
+    torch.manual_seed(seed)
+    m = MultiHeadAttention(D, H, bias=bias).double()
+    X_q = torch.randn(B, T_q, D, dtype=DT, requires_grad=True)
+    X_kv = torch.randn(B, T_kv, D, dtype=DT, requires_grad=True)
+    mask = _mask(mask_kind, B, T_q, T_kv, H, seed)
+    Z_ref, P = m(X_q, X_kv, mask=mask)
+    Z, none = m(X_q, X_kv, mask=mask, return_attention=False)
+    assert none is None and P is not None
+    close(Z, Z_ref)
+    # the functional layer: the same switch
+    Z_f, P_f = TF._multi_head_attention(X_q, X_kv, m.params(), H, mask=mask, return_attention=False)
+    assert P_f is None
+    close(Z_f, Z_ref)
+    close(TF.multi_head_attention(X_q, X_kv, m.params(), H, mask=mask)[0], Z_ref)  # public: explicit
+    # gradients through both paths (rows with nothing to attend to: zero, not NaN)
+    w = torch.randn(Z.shape, dtype=DT, generator=torch.Generator().manual_seed(9))
+    g_ref = torch.autograd.grad((Z_ref * w).sum(), [X_q, X_kv, m.W_Q, m.W_V])
+    g = torch.autograd.grad((Z * w).sum(), [X_q, X_kv, m.W_Q, m.W_V])
+    for a, b in zip(g, g_ref):
+        assert torch.isfinite(a).all()
+        close(a, b)
+
+
+def test_mha_fused_row_with_nothing_to_attend_is_zero():
+    torch.manual_seed(0)
+    m = MultiHeadAttention(8, 2).double()
+    with torch.no_grad():
+        m.b_O.normal_()
+    X = torch.randn(1, 3, 8, dtype=DT)
+    mask = torch.ones(3, 3, dtype=torch.bool)
+    mask[1] = False
+    Z, _ = m(X, mask=mask, return_attention=False)
+    close(Z[0, 1], m.b_O)  # zero attention output, then only the output bias remains
+
+
+def test_mha_fused_preserves_dtype():
+    torch.manual_seed(0)
+    m = MultiHeadAttention(8, 2)
+    X = torch.randn(2, 5, 8)
+    Z, _ = m(X, mask=TF.causal_mask(5), return_attention=False)
+    assert Z.dtype == torch.float32
+    # float32: the kernels round differently; 1e-5 is ~100 float32 ulps at |Z| ~ 1
+    torch.testing.assert_close(Z, m(X, mask=TF.causal_mask(5))[0], atol=1e-5, rtol=0)
+
+
+def test_mha_fused_kv_cache_equals_explicit():
+    torch.manual_seed(1)
+    B, T, D, H = 2, 6, 16, 4
+    m = MultiHeadAttention(D, H).double()
+    X = torch.randn(B, T, D, dtype=DT)
+    valid = torch.ones(B, T, dtype=torch.bool)
+    valid[1, 1] = False
+    M = TF.causal_mask(T) & valid[:, None, :]  # (B, T, T), differs per sequence
+    Z_full, _ = m(X, mask=M)
+    for need in (True, False):
+        cache = KVCache()
+        parts = [m(X[:, :3], mask=M[:, :3, :3], kv_cache=cache, return_attention=need)]
+        for t in range(3, T):
+            parts.append(m(X[:, t:t + 1], mask=M[:, t:t + 1, :t + 1], kv_cache=cache,
+                           return_attention=need))
+        assert all((P is None) == (not need) for _, P in parts)
+        close(torch.cat([Z for Z, _ in parts], dim=1), Z_full)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("mask_kind", ["none", "causal", "padding", "empty_rows"])
+def test_encoder_block_fused_equals_explicit(norm_first, mask_kind):
+    torch.manual_seed(2)
+    B, T, D, H = 3, 6, 16, 4
+    block = EncoderBlock(D, H, 32, norm_first=norm_first, activation="gelu").double()
+    X = torch.randn(B, T, D, dtype=DT)
+    mask = _mask(mask_kind, B, T, T, H, 2)
+    Y_ref, P = block(X, mask=mask, return_attention=True)
+    close(block(X, mask=mask), Y_ref)
+    close(block(X, mask=mask), TF.encoder_block(X, block.params(), H, norm_first=norm_first,
+                                                activation="gelu", mask=mask))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("masked", [False, True])
+def test_decoder_block_fused_equals_explicit(norm_first, masked):
+    torch.manual_seed(3)
+    B, T, S, D, H = 3, 5, 7, 16, 4
+    block = DecoderBlock(D, H, 32, norm_first=norm_first).double()
+    X = torch.randn(B, T, D, dtype=DT)
+    memory = torch.randn(B, S, D, dtype=DT)
+    self_mask = TF.causal_mask(T) if masked else None
+    cross_mask = key_valid(B, S, 3)[:, None, :] if masked else None
+    Y_ref, _ = block(X, memory, self_mask, cross_mask, return_attention=True)
+    close(block(X, memory, self_mask, cross_mask), Y_ref)

@@ -262,6 +262,44 @@ def _linear(X, W, b):
     return Y if b is None else Y + b
 
 
+def _attend(Q, K, V, mask=None, return_attention=True):
+    """The attention core of the models: ``(Z, P)`` like :func:`scaled_dot_product_attention`,
+    computed by PyTorch's fused kernel when the weights are not wanted.
+
+    With ``return_attention=True`` this is the textbook function (``P`` materialised).
+    With ``False`` it calls ``torch.nn.functional.scaled_dot_product_attention`` (which may
+    never hold the ``(T_q, T_k)`` matrix) and returns ``(Z, None)``. Both use the book's
+    conventions: boolean ``mask``, True = may attend (torch's boolean ``attn_mask`` means
+    the same), and a query row that may attend to nothing gives a zero output row. For
+    such rows the fused path attends everywhere (a finite, throw-away result) and then
+    zeroes them, so neither the output nor a gradient becomes NaN. No shape checks here:
+    callers (:func:`multi_head_attention`, the KV cache) have checked ``Q, K, V, mask``.
+
+    Parameters
+    ----------
+    Q : (..., T_q, D_K) Tensor
+    K : (..., T_k, D_K) Tensor
+    V : (..., T_k, D_V) Tensor
+    mask : (..., T_q, T_k) bool Tensor, optional
+    return_attention : bool
+
+    Returns
+    -------
+    Z : (..., T_q, D_V) Tensor
+    P : (..., T_q, T_k) Tensor, or None when ``return_attention=False``
+    """
+    if return_attention:
+        return scaled_dot_product_attention(Q, K, V, mask=mask)
+    if mask is None:
+        return F.scaled_dot_product_attention(Q, K, V), None
+    mask = mask.to(Q.device)
+    row_ok = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1): the row may attend to something
+    if bool(row_ok.all()):
+        return F.scaled_dot_product_attention(Q, K, V, attn_mask=mask), None
+    Z = F.scaled_dot_product_attention(Q, K, V, attn_mask=mask | ~row_ok)
+    return Z.masked_fill(~row_ok, 0.0), None
+
+
 def multi_head_attention(X_q, X_kv, params, num_heads, mask=None):
     """Multi-head attention; see :func:`tfbook.numpy.multi_head_attention`.
 
@@ -280,7 +318,17 @@ def multi_head_attention(X_q, X_kv, params, num_heads, mask=None):
     -------
     Z : (..., T_q, D) Tensor
     P : (..., H, T_q, T_kv) Tensor
+
+    :class:`~tfbook.torch.modules.MultiHeadAttention` calls :func:`_multi_head_attention`,
+    the same function with a ``return_attention`` switch: ``False`` computes the heads with
+    PyTorch's fused kernel (:func:`_attend`) and returns ``P = None``. (The public signature
+    stays that of :func:`tfbook.numpy.multi_head_attention`, argument for argument.)
     """
+    return _multi_head_attention(X_q, X_kv, params, num_heads, mask=mask)
+
+
+def _multi_head_attention(X_q, X_kv, params, num_heads, mask=None, return_attention=True):
+    """:func:`multi_head_attention`; ``return_attention=False`` uses the fused kernel, ``P = None``."""
     X_q, X_kv = _float(X_q, "X_q"), _float(X_kv, "X_kv")
     _v.check_ndim("X_q", X_q, 2, what="(..., T_q, D)")
     _v.check_ndim("X_kv", X_kv, 2, what="(..., T_kv, D)")
@@ -305,7 +353,7 @@ def multi_head_attention(X_q, X_kv, params, num_heads, mask=None):
     Q = split_heads(_linear(X_q, params["W_Q"], params.get("b_Q")), H)  # (..., H, T_q, D/H)
     K = split_heads(_linear(X_kv, params["W_K"], params.get("b_K")), H)  # (..., H, T_kv, D/H)
     V = split_heads(_linear(X_kv, params["W_V"], params.get("b_V")), H)  # (..., H, T_kv, D/H)
-    Z, P = scaled_dot_product_attention(Q, K, V, mask=mask)
+    Z, P = _attend(Q, K, V, mask=mask, return_attention=return_attention)
     return _linear(merge_heads(Z), params["W_O"], params.get("b_O")), P
 
 

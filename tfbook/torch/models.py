@@ -172,8 +172,11 @@ class EncoderDecoder(nn.Module):
         X = self.src_pos(F.embedding_lookup(src, self.W_src) * math.sqrt(c.d_model))  # (B, S, D)
         attn = []
         for block in self.encoder:
-            X, P = block(X, mask=mask, return_attention=True)
-            attn.append(P)  # (B, H, S, S)
+            if return_attention:
+                X, P = block(X, mask=mask, return_attention=True)
+                attn.append(P)  # (B, H, S, S)
+            else:
+                X = block(X, mask=mask)  # fused attention, no P
         X = self.enc_norm(X)
         return (X, attn) if return_attention else X
 
@@ -196,10 +199,13 @@ class EncoderDecoder(nn.Module):
         X = self.tgt_pos(F.embedding_lookup(tgt_in, self.W_tgt) * math.sqrt(c.d_model))  # (B, T, D)
         self_attn, cross_attn = [], []
         for block in self.decoder:
-            X, (P_self, P_cross) = block(X, memory, self_mask=self_mask, cross_mask=cross_mask,
-                                         return_attention=True)
-            self_attn.append(P_self)  # (B, H, T, T)
-            cross_attn.append(P_cross)  # (B, H, T, S)
+            if return_attention:
+                X, (P_self, P_cross) = block(X, memory, self_mask=self_mask, cross_mask=cross_mask,
+                                             return_attention=True)
+                self_attn.append(P_self)  # (B, H, T, T)
+                cross_attn.append(P_cross)  # (B, H, T, S)
+            else:
+                X = block(X, memory, self_mask=self_mask, cross_mask=cross_mask)  # fused
         logits = self.dec_norm(X) @ self.W_out + self.b_out  # (B, T, V_tgt)
         if return_attention:
             return logits, {"decoder_self": self_attn, "cross": cross_attn}
@@ -210,12 +216,11 @@ class EncoderDecoder(nn.Module):
         ``"encoder"`` ``(B, H, S, S)``, ``"decoder_self"`` ``(B, H, T, T)``, ``"cross"`` ``(B, H, T, S)``.
         """
         src_valid = self._valid(src, src_valid)
+        if not return_attention:  # PyTorch's fused attention throughout; no P is formed
+            return self.decode(tgt_in, self.encode(src, src_valid), src_valid, tgt_valid)
         memory, enc_attn = self.encode(src, src_valid, return_attention=True)
-        out = self.decode(tgt_in, memory, src_valid, tgt_valid, return_attention=return_attention)
-        if return_attention:
-            logits, attn = out
-            return logits, {"encoder": enc_attn, **attn}
-        return out
+        logits, attn = self.decode(tgt_in, memory, src_valid, tgt_valid, return_attention=True)
+        return logits, {"encoder": enc_attn, **attn}
 
     @torch.no_grad()
     def greedy_decode(self, src, max_len: int, bos: int, eos: int, src_valid=None) -> torch.Tensor:
@@ -318,7 +323,11 @@ class DecoderLM(nn.Module):
 
     def forward(self, idx: torch.Tensor, return_attention: bool = False):
         """``idx (B, T)`` with ``T <= block_size`` -> logits ``(B, T, vocab_size)``
-        (and, with ``return_attention``, ``P (B, H, T, T)`` per layer)."""
+        (and, with ``return_attention``, ``P (B, H, T, T)`` per layer).
+
+        Without ``return_attention`` the blocks use PyTorch's fused attention kernel, which
+        never forms ``P``: the same logits to round-off, faster to train.
+        """
         c = self.config
         _check_ids("idx", idx, c.vocab_size)
         T = idx.shape[1]
@@ -328,8 +337,11 @@ class DecoderLM(nn.Module):
         mask = F.causal_mask(T, device=idx.device)  # (T, T)
         attn = []
         for block in self.blocks:
-            X, P = block(X, mask=mask, return_attention=True)
-            attn.append(P)
+            if return_attention:
+                X, P = block(X, mask=mask, return_attention=True)
+                attn.append(P)  # (B, H, T, T)
+            else:
+                X = block(X, mask=mask)  # fused attention
         logits = self._unembed(X)
         return (logits, attn) if return_attention else logits
 
@@ -491,8 +503,11 @@ class VisionTransformer(nn.Module):
             X = self.pos(X)
         attn = []
         for block in self.blocks:
-            X, P = block(X, return_attention=True)
-            attn.append(P)  # (B, H, T, T)
+            if return_attention:
+                X, P = block(X, return_attention=True)
+                attn.append(P)  # (B, H, T, T)
+            else:
+                X = block(X)  # fused attention, no P
         X = self.norm(X)
         pooled = X[:, 0] if c.pooling == "cls" else X.mean(dim=1)  # (B, D)
         logits = pooled @ self.W_C + self.b_C  # (B, classes)

@@ -181,6 +181,9 @@ class MultiHeadAttention(nn.Module):
 
     ``forward(X_q, X_kv=None, mask=None)`` returns ``(Z, P)`` with ``Z (B, T_q, D)`` and
     the per-head weights ``P (B, H, T_q, T_kv)``. ``X_kv=None`` means self-attention.
+    ``return_attention=False`` returns ``(Z, None)``: the heads are then computed by
+    PyTorch's fused ``scaled_dot_product_attention``, which never materialises ``P``
+    (the blocks and models ask for ``P`` only when their caller does).
 
     With ``kv_cache`` (a :class:`KVCache`, self-attention only) ``X_q`` holds just the new
     tokens: their keys and values are appended to the cache and the queries attend to
@@ -215,7 +218,7 @@ class MultiHeadAttention(nn.Module):
         return {k: getattr(self, k) for k in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")}
 
     def forward(self, X_q: torch.Tensor, X_kv: torch.Tensor | None = None, mask=None,
-                kv_cache: KVCache | None = None):
+                kv_cache: KVCache | None = None, return_attention: bool = True):
         V.check_ndim("X_q", X_q, 2, what="(..., T_q, D)")
         V.check_last_dim("X_q", X_q, self.d_model, "d_model")
         if X_kv is None:
@@ -227,10 +230,11 @@ class MultiHeadAttention(nn.Module):
             V.check_ndim("X_kv", X_kv, 2, what="(..., T_kv, D)")
             V.check_last_dim("X_kv", X_kv, self.d_model, "d_model", "X_q", X_q.shape)
         if kv_cache is None:
-            return F.multi_head_attention(X_q, X_kv, self.params(), self.num_heads, mask=mask)
-        return self._forward_cached(X_q, X_kv, mask, kv_cache)
+            return F._multi_head_attention(X_q, X_kv, self.params(), self.num_heads, mask=mask,
+                                           return_attention=return_attention)
+        return self._forward_cached(X_q, X_kv, mask, kv_cache, return_attention)
 
-    def _forward_cached(self, X_q, X_kv, mask, cache: KVCache):
+    def _forward_cached(self, X_q, X_kv, mask, cache: KVCache, return_attention: bool = True):
         # Only the new tokens are projected; earlier keys and values come from the cache.
         H = self.num_heads
         Q = F.split_heads(_affine(X_q, self.W_Q, self.b_Q), H)  # (B, H, T_q, D_K)
@@ -239,7 +243,7 @@ class MultiHeadAttention(nn.Module):
         K, V_all = cache.append(K_new, V_new)  # (B, H, T_past + T_new, D_K)
         if mask is not None and mask.ndim == X_q.ndim:
             mask = mask[..., None, :, :]  # shared by the heads: (B, 1, T_q, T_k)
-        Z, P = F.scaled_dot_product_attention(Q, K, V_all, mask=mask)  # (B, H, T_q, D_V)
+        Z, P = F._attend(Q, K, V_all, mask, return_attention)  # (B, H, T_q, D_V); P None if fused
         Z = _affine(F.merge_heads(Z), self.W_O, self.b_O)  # (B, T_q, D)
         return Z, P
 
@@ -318,17 +322,19 @@ class EncoderBlock(nn.Module):
 
     def forward(self, X: torch.Tensor, mask=None, return_attention: bool = False,
                 kv_cache: KVCache | None = None):
-        """``X (B, T, D)`` -> ``(B, T, D)``; with ``return_attention`` also ``P (B, H, T, T)``.
+        """``X (B, T, D)`` -> ``(B, T, D)``; with ``return_attention`` also ``P (B, H, T, T)``
+        (without it, attention runs in PyTorch's fused kernel and ``P`` is never formed).
 
         ``kv_cache`` (decoder-only use) makes ``X`` the new tokens only; ``mask`` must then
         be shaped ``(..., T_new, T_past + T_new)``.
         """
+        need = return_attention  # materialise P only when the caller wants it
         if self.norm_first:
-            Z, P = self.attn(self.norm1(X), mask=mask, kv_cache=kv_cache)
+            Z, P = self.attn(self.norm1(X), mask=mask, kv_cache=kv_cache, return_attention=need)
             X = X + Z
             X = X + self.ffn(self.norm2(X))
         else:
-            Z, P = self.attn(X, mask=mask, kv_cache=kv_cache)
+            Z, P = self.attn(X, mask=mask, kv_cache=kv_cache, return_attention=need)
             X = self.norm1(X + Z)
             X = self.norm2(X + self.ffn(X))
         return (X, P) if return_attention else X
@@ -403,20 +409,22 @@ class DecoderBlock(nn.Module):
                 return_attention: bool = False):
         """``X (B, T, D)``, ``memory (B, S, D)`` -> ``(B, T, D)``.
 
-        With ``return_attention`` also returns ``(P_self (B, H, T, T), P_cross (B, H, T, S))``.
+        With ``return_attention`` also returns ``(P_self (B, H, T, T), P_cross (B, H, T, S))``;
+        without it, attention runs in PyTorch's fused kernel and no ``P`` is formed.
         """
         V.check_ndim("memory", memory, 2, what="(..., S, D)")
         V.check_last_dim("memory", memory, self.d_model, "d_model", "X", X.shape)
+        need = return_attention  # materialise P only when the caller wants it
         if self.norm_first:
-            Z, P_self = self.self_attn(self.norm1(X), mask=self_mask)
+            Z, P_self = self.self_attn(self.norm1(X), mask=self_mask, return_attention=need)
             X = X + Z
-            Z, P_cross = self.cross_attn(self.norm2(X), memory, mask=cross_mask)
+            Z, P_cross = self.cross_attn(self.norm2(X), memory, mask=cross_mask, return_attention=need)
             X = X + Z
             X = X + self.ffn(self.norm3(X))
         else:
-            Z, P_self = self.self_attn(X, mask=self_mask)
+            Z, P_self = self.self_attn(X, mask=self_mask, return_attention=need)
             X = self.norm1(X + Z)
-            Z, P_cross = self.cross_attn(X, memory, mask=cross_mask)
+            Z, P_cross = self.cross_attn(X, memory, mask=cross_mask, return_attention=need)
             X = self.norm2(X + Z)
             X = self.norm3(X + self.ffn(X))
         return (X, (P_self, P_cross)) if return_attention else X
