@@ -2,7 +2,8 @@
 (autograd, any device), plus ``nn.Module`` classes and small models.
 
 ``tfbook.torch.functional`` holds the functions; ``tfbook.torch.modules`` and
-``tfbook.torch.models`` the classes. Everything is re-exported here.
+``tfbook.torch.models`` the classes; ``tfbook.torch.training`` the one training loop
+(``train``, ``History``). Everything is re-exported here.
 """
 
 import importlib as _importlib
@@ -16,7 +17,7 @@ __all__ = list(_functional_all)
 # The classes live in files written separately. Re-export them when present, but
 # never hide a real import error from inside an existing file: only "this very
 # submodule does not exist" is tolerated.
-for _sub in ("modules", "models"):
+for _sub in ("modules", "models", "training"):
     try:
         _mod = _importlib.import_module(f"{__name__}.{_sub}")
     except ImportError as e:  # pragma: no cover - only while the file does not exist

@@ -10,8 +10,9 @@ Three families, each a frozen configuration dataclass plus an ``nn.Module``:
   (chapter 13).
 
 The defaults are sized to train on a 2-core CPU in well under a minute. Training helpers
-at the end (:func:`train_steps`, :func:`lm_batch`, :func:`lm_loss`, :func:`seq2seq_loss`)
-keep the notebooks short and their runs deterministic.
+at the end (:func:`train_steps`, a short form of the one loop
+:func:`tfbook.torch.training.train`, and :func:`lm_batch`, :func:`lm_loss`,
+:func:`seq2seq_loss`) keep the notebooks short and their runs deterministic.
 """
 
 from __future__ import annotations
@@ -558,34 +559,15 @@ def seq2seq_loss(model: EncoderDecoder, src, tgt, src_valid=None, tgt_valid=None
 def train_steps(model: nn.Module, loss_fn: Callable, batch_fn: Callable, steps: int,
                 lr: float = 3e-3, weight_decay: float = 0.0, grad_clip: float | None = 1.0,
                 seed: int = 0, disable: bool = False, desc: str = "training") -> list[float]:
-    """Train ``model`` for ``steps`` AdamW steps; return the loss of every step.
+    """Train ``model`` for ``steps`` AdamW steps at a constant ``lr``; return the loss of every step.
 
-    ``batch_fn(generator)`` draws a batch (using the given ``torch.Generator``, seeded
-    with ``seed``, for its randomness); ``loss_fn(model, *batch)`` returns a scalar loss.
-    The same model initialisation, seed and arguments give the same losses on CPU.
-    ``disable=True`` hides the tqdm progress bar.
+    The short form of :func:`tfbook.torch.training.train` (the one training loop), for
+    chapters that need no schedule or evaluation. ``batch_fn(generator)`` draws a batch
+    (using the given ``torch.Generator``, seeded with ``seed``, for its randomness);
+    ``loss_fn(model, *batch)`` returns a scalar loss. The same model initialisation, seed
+    and arguments give the same losses on CPU. ``disable=True`` hides the progress bar.
     """
-    from tqdm.auto import tqdm
+    from .training import train
 
-    V.check_positive_int("steps", steps)
-    generator = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    model.train()
-    losses: list[float] = []
-    bar = tqdm(range(steps), disable=disable, desc=desc)
-    for _ in bar:
-        batch = batch_fn(generator)
-        if not isinstance(batch, tuple):
-            batch = (batch,)
-        loss = loss_fn(model, *batch)
-        if not torch.isfinite(loss):
-            raise ValueError(f"loss became {loss.item()} after {len(losses)} steps; lower lr?")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if grad_clip is not None:
-            nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        opt.step()
-        losses.append(loss.item())
-        bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
-    model.eval()
-    return losses
+    return train(model, loss_fn, batch_fn, steps, lr=lr, weight_decay=weight_decay,
+                 grad_clip=grad_clip, seed=seed, disable=disable, desc=desc).loss

@@ -1,0 +1,296 @@
+"""The one training loop of tfbook.
+
+Every model of the book is trained by :func:`train`: chapter 10's character model (through
+the short :func:`tfbook.torch.models.train_steps`), and every task of :mod:`tfbook.tasks`
+(the number words of chapter 11, addition and the corpus of chapter 12, the digits of
+chapter 13). A task supplies three things: the model, ``loss_fn(model, *batch) -> scalar``
+and ``batch_fn(generator) -> batch``; the loop owns everything else:
+
+* AdamW with decoupled weight decay, gradient clipping, a learning-rate schedule
+  (:func:`lr_schedule`);
+* periodic evaluation (``eval_fn(model)`` every ``eval_every`` steps, and once before
+  the first step), early stopping with ``patience`` and restoring the best weights
+  (``keep_best``);
+* seeding (one ``torch.Generator`` seeded with ``seed`` is handed to ``batch_fn``) and,
+  optionally, thread pinning (``threads``, via :func:`tfbook.measure.threads`) and
+  deterministic algorithms, so that the same seed gives the same losses on the same machine;
+* a tqdm progress bar (``disable=True`` hides it) and ``callbacks``.
+
+It returns a :class:`History`: the loss and learning rate of every step, the evaluations
+with their steps, the best evaluation and its step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+
+__all__ = ["History", "lr_schedule", "train"]
+
+SCHEDULES = ("constant", "warmup_cosine", "hold_linear", "one_cycle")
+
+
+@dataclass
+class History:
+    """What :func:`train` recorded.
+
+    ``loss[i]`` and ``lr[i]`` belong to optimisation step ``i + 1`` (``lr`` is the rate
+    that step used). ``eval[j]`` was measured after ``eval_step[j]`` steps (0 = before
+    training). ``best_step`` / ``best_eval`` are the best evaluation (lowest, or highest
+    with ``maximize``) and the step it was taken at; ``None`` without evaluations.
+    ``stopped_early`` says whether ``patience`` or a callback ended training before
+    ``steps``. ``extra`` holds whatever a task wants to save with the run (its recipe).
+    Item access (``history["loss"]``) works as for a dict.
+    """
+
+    loss: list = field(default_factory=list)
+    lr: list = field(default_factory=list)
+    eval_step: list = field(default_factory=list)
+    eval: list = field(default_factory=list)
+    best_step: int | None = None
+    best_eval: float | None = None
+    stopped_early: bool = False
+    extra: dict = field(default_factory=dict)
+
+    def __getitem__(self, key):
+        if key in self.__dataclass_fields__:
+            return getattr(self, key)
+        return self.extra[key]
+
+    def __contains__(self, key) -> bool:
+        return key in self.__dataclass_fields__ or key in self.extra
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "History":
+        """From :meth:`as_dict`, or from an older plain dict (unknown keys go to ``extra``)."""
+        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d and k != "extra"}
+        extra = dict(d.get("extra", {}))
+        extra.update({k: v for k, v in d.items() if k not in cls.__dataclass_fields__})
+        return cls(**known, extra=extra)
+
+
+def _check_schedule(schedule, steps: int) -> tuple:
+    """``"name"`` or ``(name, *args)`` -> ``(name, warmup_or_hold, min_lr)`` (validated)."""
+    spec = (schedule,) if isinstance(schedule, str) else tuple(schedule)
+    if not spec or spec[0] not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES} (or a tuple starting with one), "
+                         f"got {schedule!r}")
+    name, args = spec[0], spec[1:]
+    n_args = {"constant": 0, "warmup_cosine": 2, "hold_linear": 1, "one_cycle": 1}[name]
+    if len(args) > n_args:
+        raise ValueError(f"schedule {name!r} takes at most {n_args} arguments, got {args!r}")
+    warmup = int(args[0]) if len(args) > 0 else 0
+    min_lr = float(args[1]) if len(args) > 1 else 0.0
+    if name == "hold_linear" and not args:
+        raise ValueError("schedule ('hold_linear', hold_steps) needs the number of constant steps")
+    if name == "one_cycle" and not args:
+        raise ValueError("schedule ('one_cycle', warmup_steps) needs the number of warm-up steps")
+    if not 0 <= warmup <= steps or (name == "one_cycle" and not 0 < warmup < steps):
+        raise ValueError(f"schedule {name!r}: warm-up/hold steps must lie in 0..steps={steps} "
+                         f"(one_cycle: 1..steps-1), got {warmup}")
+    if min_lr < 0:
+        raise ValueError(f"schedule {name!r}: min_lr must be >= 0, got {min_lr}")
+    return name, warmup, min_lr
+
+
+def lr_schedule(schedule, lr: float, steps: int) -> list[float]:
+    """The learning rate of each of ``steps`` steps (``lr`` is the peak).
+
+    * ``"constant"``: ``lr`` throughout.
+    * ``("warmup_cosine", warmup, min_lr)``: linear from ``lr / warmup`` to ``lr`` over the
+      first ``warmup`` steps (step ``warmup`` uses ``lr``), then a half cosine from ``lr``
+      down to ``min_lr`` at the last step.
+    * ``("hold_linear", hold)``: ``lr`` for ``hold`` steps, then linearly down towards 0
+      (step ``s >= hold`` uses ``lr * (steps - s) / (steps - hold)``).
+    * ``("one_cycle", warmup)``: PyTorch's ``OneCycleLR`` with ``pct_start = warmup / steps``
+      (cosine up from ``lr / 25`` and down to ``lr / 25e4``; it also cycles Adam's
+      ``beta1`` between 0.95 and 0.85, which :func:`train` applies).
+    """
+    name, warmup, min_lr = _check_schedule(schedule, steps)
+    if name == "constant":
+        return [float(lr)] * steps
+    if name == "hold_linear":
+        return [lr if s < warmup else lr * (steps - s) / (steps - warmup) for s in range(steps)]
+    if name == "warmup_cosine":
+        out = []
+        peak = max(warmup - 1, 0)  # the step that uses lr itself
+        for s in range(steps):
+            if s < warmup:
+                out.append(lr * (s + 1) / warmup)
+            else:
+                t = (s - peak) / max(1, steps - 1 - peak)  # 0 at the peak .. 1 at the last step
+                out.append(min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * t)))
+        return out
+    opt = torch.optim.AdamW([nn.Parameter(torch.zeros(1))], lr=lr)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=warmup / steps)
+    out = []
+    for _ in range(steps):
+        out.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return out
+
+
+@contextlib.contextmanager
+def _settings(threads: int | None, deterministic: bool):
+    with contextlib.ExitStack() as stack:
+        if threads is not None:
+            from ..measure import threads as pin
+
+            stack.enter_context(pin(threads))
+        if deterministic:
+            before = torch.are_deterministic_algorithms_enabled()
+            torch.use_deterministic_algorithms(True)
+            stack.callback(torch.use_deterministic_algorithms, before)
+        yield
+
+
+def _state(model: nn.Module) -> dict:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def train(model: nn.Module, loss_fn: Callable, batch_fn: Callable, steps: int, *,
+          lr: float = 3e-3, weight_decay: float = 0.0, grad_clip: float | None = 1.0,
+          schedule="constant", eval_fn: Callable | None = None, eval_every: int | None = None,
+          maximize: bool = False, patience: int | None = None, keep_best: bool = False,
+          seed: int = 0, threads: int | None = None, deterministic: bool = False,
+          disable: bool = False, desc: str = "training",
+          callbacks: Iterable[Callable] = ()) -> History:
+    """Train ``model`` in place with AdamW for up to ``steps`` steps; return its :class:`History`.
+
+    Parameters
+    ----------
+    model : nn.Module
+        Put in train mode for the steps, eval mode for evaluations and at the end.
+    loss_fn : callable
+        ``loss_fn(model, *batch) -> scalar tensor``.
+    batch_fn : callable
+        ``batch_fn(generator) -> batch`` (a tuple, or one tensor); it must take all its
+        randomness from ``generator``, a ``torch.Generator`` seeded with ``seed``.
+    steps : int
+        Optimisation steps (fewer if early stopping or a callback ends training).
+    lr, weight_decay : float
+        AdamW's peak learning rate and decoupled weight decay.
+    grad_clip : float or None
+        Clip the global gradient norm to this value before each step.
+    schedule : str or tuple
+        The learning rate per step; see :func:`lr_schedule`.
+    eval_fn : callable, optional
+        ``eval_fn(model) -> float``, the validation metric, called under ``torch.no_grad()``
+        with the model in eval mode before the first step and every ``eval_every`` steps.
+    eval_every : int, optional
+        Required with ``eval_fn``.
+    maximize : bool
+        The metric is better when higher (accuracy) rather than lower (a loss).
+    patience : int, optional
+        Stop after this many evaluations in a row without a strict improvement.
+    keep_best : bool
+        At the end, load the weights of the best evaluation (its step is ``best_step``).
+    seed : int
+        Seeds the generator given to ``batch_fn``. The model is initialised by the caller.
+    threads : int, optional
+        Pin PyTorch and BLAS to this many threads while training (restored after).
+    deterministic : bool
+        ``torch.use_deterministic_algorithms(True)`` while training (restored after).
+    disable : bool
+        Hide the tqdm progress bar.
+    callbacks : iterable of callables
+        ``cb(step, model, history)`` after every step (``step`` counts steps taken);
+        returning True stops training.
+
+    The same model initialisation, arguments and seed give the same losses on the same
+    machine and thread count. A non-finite loss raises ``ValueError``.
+    """
+    from tqdm.auto import tqdm
+
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+    if not lr > 0:
+        raise ValueError(f"lr must be > 0, got {lr}")
+    if grad_clip is not None and not grad_clip > 0:
+        raise ValueError(f"grad_clip must be > 0 or None, got {grad_clip}")
+    if eval_fn is not None and (eval_every is None or eval_every < 1):
+        raise ValueError(f"eval_fn needs eval_every >= 1, got eval_every={eval_every!r}")
+    if (patience is not None or keep_best) and eval_fn is None:
+        raise ValueError("patience and keep_best need eval_fn (and eval_every)")
+    if patience is not None and patience < 1:
+        raise ValueError(f"patience must be >= 1, got {patience}")
+    name = _check_schedule(schedule, steps)[0]
+    rates = lr_schedule(schedule, lr, steps) if name != "one_cycle" else None
+    callbacks = list(callbacks)
+
+    history = History()
+    best_state = None
+    since_best = 0
+
+    def evaluate(step: int) -> bool:
+        """Record an evaluation; True when patience has run out."""
+        nonlocal best_state, since_best
+        model.eval()
+        with torch.no_grad():
+            value = float(eval_fn(model))
+        model.train()
+        history.eval_step.append(step)
+        history.eval.append(value)
+        better = history.best_eval is None or (value > history.best_eval if maximize
+                                               else value < history.best_eval)
+        if better:
+            history.best_eval, history.best_step, since_best = value, step, 0
+            if keep_best:
+                best_state = _state(model)
+        else:
+            since_best += 1
+        return patience is not None and since_best >= patience
+
+    with _settings(threads, deterministic):
+        generator = torch.Generator().manual_seed(seed)
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+        one_cycle = None
+        if name == "one_cycle":
+            warmup = _check_schedule(schedule, steps)[1]
+            one_cycle = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps,
+                                                            pct_start=warmup / steps)
+        model.train()
+        stop = eval_fn is not None and evaluate(0)
+        bar = tqdm(range(1, steps + 1), disable=disable, desc=desc)
+        for step in bar:
+            if stop:
+                history.stopped_early = True
+                break
+            if rates is not None:
+                for group in opt.param_groups:
+                    group["lr"] = rates[step - 1]
+            history.lr.append(float(opt.param_groups[0]["lr"]))
+            batch = batch_fn(generator)
+            if not isinstance(batch, tuple):
+                batch = (batch,)
+            loss = loss_fn(model, *batch)
+            if not torch.isfinite(loss):
+                raise ValueError(f"loss became {loss.item()} after {step - 1} steps; lower lr?")
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if grad_clip is not None:
+                nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+            opt.step()
+            if one_cycle is not None:
+                one_cycle.step()
+            history.loss.append(loss.item())
+            bar.set_postfix(loss=f"{history.loss[-1]:.3f}", refresh=False)
+            if eval_fn is not None and step % eval_every == 0:
+                stop = evaluate(step)
+            if any([bool(cb(step, model, history)) for cb in callbacks]):  # every callback runs
+                stop = True
+        if stop and len(history.loss) < steps:
+            history.stopped_early = True
+        if keep_best and best_state is not None:
+            model.load_state_dict(best_state)
+    model.eval()
+    return history
