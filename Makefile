@@ -90,16 +90,25 @@ test: $(STAMP) chromium
 test-profile-b: $(STAMP)
 	$(PROFILE_B) PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -p no:cacheprovider $(NBVAL_FLAGS) notebooks
 
-# ---- graded exercises (nbgrader; see the README) ---------------------------------
+# ---- graded exercises (see the README, "Graded exercises") -------------------------
 #   make release                          student notebooks into _build/release/<chapter>/
-#   make grade SUBMISSIONS=path/to/folder grades.csv and feedback/ into _build/grades/
-# nbgrader starts `alembic` from PATH, so the venv's bin goes first.
+#   make grade SUBMISSIONS=path/to/folder [TIMEOUT=60] [JOBS=<cores>]
+#                                         grades.csv, exercises.csv/.png, feedback/ in _build/grades/
+# Every submission runs in a bubblewrap sandbox (Debian's package, installed here like
+# chromium for the tests). nbgrader (release) starts `alembic` from PATH: venv bin first.
+TIMEOUT ?= 60
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+.PHONY: bwrap
+
+bwrap:
+	command -v bwrap >/dev/null || { $(SUDO) apt-get update -qq && $(APT_INSTALL) bubblewrap; }
+
 release: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m tfbook.course release
 
-grade: $(STAMP)
-	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=path/to/folder" >&2; exit 2; }
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m tfbook.course grade "$(SUBMISSIONS)"
+grade: $(STAMP) bwrap
+	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=path/to/folder [TIMEOUT=60] [JOBS=2]" >&2; exit 2; }
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m tfbook.course grade "$(SUBMISSIONS)" --timeout "$(TIMEOUT)" --jobs "$(JOBS)"
 
 clean:
 	rm -rf _build _stage _vendor

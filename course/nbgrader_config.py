@@ -1,10 +1,13 @@
 # nbgrader 0.9 configuration for the tfbook course.
 #
-# `python -m tfbook.course release|grade` copies this file into a temporary nbgrader
-# course directory (source/, release/, submitted/, autograded/, feedback/, gradebook.db)
-# and runs nbgrader there; the chapter notebooks in notebooks/ are the "source"
-# (master) notebooks, and the assignment name is the notebook stem. An instructor who
-# prefers to drive nbgrader by hand can use this file as the course's config.
+# `python -m tfbook.course release` copies this file into a temporary nbgrader course
+# directory and runs nbgrader's generate_assignment there; the chapter notebooks in
+# notebooks/ are the "source" (master) notebooks, and the assignment name is the
+# notebook stem. `python -m tfbook.course grade` does NOT use nbgrader's autograde or
+# generate_feedback (they run student code and hidden tests in one kernel with the
+# grader's rights; see the README, "Graded exercises"): it sandboxes every submission.
+# The autograde/feedback settings below only matter to an instructor who drives
+# nbgrader by hand, and that way is not safe against a hostile submission.
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
 from nbgrader.preprocessors import GetGrades
 

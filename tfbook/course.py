@@ -1,45 +1,42 @@
-"""Instructor commands for the graded exercises (nbgrader 0.9, offline).
+"""Instructor and student commands for the graded exercises (offline).
 
     python -m tfbook.course release [--out DIR] [NOTEBOOK ...]
-    python -m tfbook.course grade SUBMISSIONS_DIR [--out DIR] [--timeout SECONDS]
+    python -m tfbook.course grade SUBMISSIONS_DIR [--out DIR] [--timeout S] [--jobs N]
+    python -m tfbook.course check NOTEBOOK
 
 ``release`` turns each chapter notebook (the nbgrader "source" notebook; the
-assignment name is the notebook stem) into a student notebook without solutions and
-without hidden tests, in ``_build/release/<stem>/<stem>.ipynb``, and verifies that
-nothing secret leaked.
+assignment name is the notebook stem) into a student notebook without solutions,
+hidden tests or test markers, with nbgrader's ``generate_assignment``, in
+``_build/release/<stem>/<stem>.ipynb``, and verifies that nothing secret leaked.
 
 ``grade`` reads submissions laid out as ``SUBMISSIONS_DIR/<student>/<assignment>/
-<assignment>.ipynb``, copies them into a temporary nbgrader course directory (the
-originals are never written to), autogrades each student separately with a per-cell
-timeout and an overall time limit, and writes ``_build/grades/grades.csv`` (one row
-per student and assignment: student, assignment, score, max_score, status, reason)
-and ``_build/grades/feedback/<student>/<assignment>/<assignment>.html``. A broken
-submission (empty, corrupt, cells deleted, code that raises, loops or does not parse)
-becomes a row with a status and a reason; it never stops the batch.
+<assignment>.ipynb`` (only ever reading them) and grades each in its own sandbox,
+judging the results outside it (:mod:`tfbook.course_grade`, :mod:`tfbook.course_sandbox`,
+:mod:`tfbook.course_judge`). It writes ``grades.csv`` (student, assignment, score,
+max_score, status, reason), ``exercises.csv``/``exercises.png`` and
+``feedback/<student>/<assignment>/<assignment>.html`` into ``_build/grades``. A broken
+submission becomes a row with a status and a reason; it never stops the batch.
 
-Statuses: ``graded`` (autograded; the reason lists the test cells that lost points),
-``timeout`` (a cell ran past ``--timeout`` and was interrupted, the rest was graded;
-or the whole run passed ``--total-timeout`` and scored 0), ``unreadable`` (not a
-notebook: empty file, corrupt JSON), ``missing`` (no notebook in the folder),
-``error`` (nbgrader refused the notebook, e.g. graded cells deleted) and
-``unknown-assignment`` (no chapter notebook of that name).
+Statuses: ``graded``; ``timeout`` (a cell was interrupted, or skipped because it did
+not stop; the rest was graded); ``crashed`` (a cell crashed the process; the notebook
+was graded again without it); ``unreadable`` (not a notebook: empty file, corrupt
+JSON); ``missing`` (no notebook in the folder); ``error`` (the grader could not judge
+it; the reason says why); ``unknown-assignment`` (no chapter notebook of that name).
+
+``check`` runs a notebook's visible tests on the student's machine and prints the same
+messages the grader's feedback shows.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import html
-import json
 import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
@@ -239,25 +236,6 @@ def _venv_bin_on_path() -> None:
         os.environ["PATH"] = bindir + os.pathsep + os.environ.get("PATH", "")
 
 
-def _run_nbgrader(args: list[str], course: Path, timeout: float, log: Path | None = None):
-    """Run ``nbgrader ARGS`` in ``course``; return (returncode or None on timeout, output)."""
-    _venv_bin_on_path()
-    cmd = [sys.executable, "-m", "nbgrader", *args, f"--CourseDirectory.root={course}"]
-    proc = subprocess.Popen(cmd, cwd=course, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)  # own group: kill the kernel too
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-        code = proc.returncode
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        code = None
-    if log is not None:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text(f"$ {' '.join(cmd)}\n{output}")
-    return code, output
-
-
 def _new_course(tmp: Path) -> Path:
     course = tmp / "course"
     (course / "source").mkdir(parents=True)
@@ -301,6 +279,17 @@ def _generate(course: Path, master_path: Path) -> Path:
 
 # --------------------------------------------------------------------------- release
 
+_TEST_MARKER = re.compile(r"^\s*#\s*NBVAL_[A-Z_]+\s*$")
+
+
+def strip_test_markers(nb):
+    """Remove the test suite's ``# NBVAL_...`` comment lines from every code cell (in place)."""
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "NBVAL_" in cell.source:
+            cell.source = "\n".join(l for l in cell.source.splitlines() if not _TEST_MARKER.match(l))
+    return nb
+
+
 
 def release(notebooks: list[Path] | None = None, out: Path = ROOT / "_build" / "release",
             verbose: bool = True) -> dict[str, Path]:
@@ -315,13 +304,13 @@ def release(notebooks: list[Path] | None = None, out: Path = ROOT / "_build" / "
             start = time.perf_counter()
             released = _generate(course, path)
             master = nbformat.read(str(path), as_version=4)
-            student = nbformat.read(str(released), as_version=4)
+            student = strip_test_markers(nbformat.read(str(released), as_version=4))
             leaks = find_leaks(master, notebook_text(student))
             if leaks:
                 raise RuntimeError(f"{path.name}: the student notebook leaks {leaks[:5]}")
             dest = Path(out) / path.stem / f"{path.stem}.ipynb"
             dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(released, dest)
+            nbformat.write(student, str(dest))
             written[path.stem] = dest
             if verbose:
                 print(f"released {dest} ({time.perf_counter() - start:.1f} s; no solutions, "
@@ -331,17 +320,6 @@ def release(notebooks: list[Path] | None = None, out: Path = ROOT / "_build" / "
 
 
 # --------------------------------------------------------------------------- grade
-
-
-@dataclass
-class Row:
-    student: str
-    assignment: str
-    score: float = 0.0
-    max_score: float = 0.0
-    status: str = "graded"
-    reason: str = ""
-    notebook: Path | None = field(default=None, repr=False)
 
 
 def _find_submission(folder: Path, assignment: str) -> tuple[Path | None, str]:
@@ -371,157 +349,15 @@ def _readable(path: Path) -> str:
     return ""
 
 
-def _cell_report(autograded: Path, master) -> tuple[list[str], list[str], bool]:
-    """From an autograded notebook: (test cells that failed, answer cells that raised,
-    whether a cell timed out), each failure as ``grade_id: ErrorName``."""
-    nb = nbformat.read(str(autograded), as_version=4)
-    lost, broken, timed_out = [], [], False
-    for cell in nb.cells:
-        meta = _nbgrader(cell)
-        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-        if any(o.get("ename") == "CellTimeoutError" for o in errors):
-            timed_out = True
-        if errors and (meta.get("grade") or meta.get("solution")):
-            (lost if meta.get("grade") else broken).append(
-                f"{meta.get('grade_id')}: {errors[-1].get('ename')}")
-    return lost, broken, timed_out
+def grade(submissions: Path, out: Path = ROOT / "_build" / "grades", timeout: float = 60,
+          total_timeout: float = 900.0, notebooks_dir: Path = NOTEBOOKS, verbose: bool = True,
+          jobs: int | None = None, **kwargs) -> list:
+    """Grade every ``submissions/<student>/<assignment>/<assignment>.ipynb`` (see
+    :mod:`tfbook.course_grade`); return the rows."""
+    from tfbook import course_grade
 
-
-def _deleted_cells(submitted: Path, master) -> list[str]:
-    """grade_ids of the master's nbgrader cells that the submission no longer has."""
-    nb = nbformat.read(str(submitted), as_version=4)
-    have = {_nbgrader(c).get("grade_id") for c in nb.cells}
-    return [_nbgrader(c)["grade_id"] for c in master.cells
-            if _nbgrader(c).get("grade_id") and _nbgrader(c)["grade_id"] not in have]
-
-
-def _gradebook_score(course: Path, assignment: str, student: str) -> float:
-    from nbgrader.api import Gradebook
-
-    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gb:
-        return float(gb.find_submission(assignment, student).score)
-
-
-def grade(submissions: Path, out: Path = ROOT / "_build" / "grades", timeout: int = 60,
-          total_timeout: float = 900.0, notebooks_dir: Path = NOTEBOOKS,
-          verbose: bool = True) -> list[Row]:
-    """Grade every ``submissions/<student>/<assignment>/<assignment>.ipynb``; return the rows."""
-    submissions, out = Path(submissions), Path(out)
-    if not submissions.is_dir():
-        raise ValueError(f"SUBMISSIONS_DIR {submissions} is not a folder")
-    students = sorted(p for p in submissions.iterdir() if p.is_dir() and not p.name.startswith("."))
-    feedback_root = out / "feedback"
-    if feedback_root.exists():
-        shutil.rmtree(feedback_root)
-    rows: list[Row] = []
-    with tempfile.TemporaryDirectory(prefix="tfbook-grade-") as tmp:
-        course = _new_course(Path(tmp))
-        masters: dict[str, object] = {}
-        for student_dir in students:
-            for folder in sorted(p for p in student_dir.iterdir() if p.is_dir()):
-                a, s = folder.name, student_dir.name
-                row = Row(s, a)
-                rows.append(row)
-                start = time.perf_counter()
-                master_path = Path(notebooks_dir) / f"{a}.ipynb"
-                if not master_path.is_file():
-                    row.status, row.reason = "unknown-assignment", f"no notebooks/{a}.ipynb"
-                    continue
-                if a not in masters:
-                    _generate(course, master_path)
-                    masters[a] = nbformat.read(str(master_path), as_version=4)
-                master = masters[a]
-                row.max_score = max_score(master)
-                path, note = _find_submission(folder, a)
-                if path is None:
-                    row.status, row.reason = "missing", note
-                    continue
-                problem = _readable(path)
-                if problem:
-                    row.status, row.reason = "unreadable", problem
-                    continue
-                dest = course / "submitted" / s / a / f"{a}.ipynb"
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(path, dest)  # our copy: the original is never opened for writing
-                _autograde(course, row, master, timeout, total_timeout, out / "logs", note)
-                if verbose:
-                    print(f"{s:>16} {a}: {row.score:g}/{row.max_score:g} {row.status}"
-                          f"{' (' + row.reason + ')' if row.reason else ''} "
-                          f"[{time.perf_counter() - start:.1f} s]")
-        for a, master in masters.items():
-            start = time.perf_counter()
-            _feedback(course, a, [r for r in rows if r.assignment == a and r.notebook is not None],
-                      master, feedback_root, out / "logs")
-            if verbose:
-                print(f"feedback pages for {a} [{time.perf_counter() - start:.1f} s]")
-        _APIS.pop(course, None)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "grades.csv", "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(CSV_FIELDS)
-        for r in rows:
-            writer.writerow([r.student, r.assignment, f"{r.score:g}", f"{r.max_score:g}", r.status,
-                             r.reason])
-    return rows
-
-
-def _autograde(course: Path, row: Row, master, timeout: int, total_timeout: float, logs: Path,
-               note: str) -> None:
-    a, s = row.assignment, row.student
-    code, output = _run_nbgrader(
-        ["autograde", a, f"--student={s}", "--force", f"--Execute.timeout={int(timeout)}"],
-        course, timeout=total_timeout, log=logs / f"{s}__{a}.autograde.log")
-    autograded = course / "autograded" / s / a / f"{a}.ipynb"
-    if code is None:
-        row.status = "timeout"
-        row.reason = f"autograde ran past the overall limit of {total_timeout:g} s"
-        return
-    if code != 0 or not autograded.exists():
-        row.status = "error"
-        lines = [ln for ln in output.splitlines() if "[AutogradeApp | ERROR]" in ln or "Error" in ln]
-        detail = lines[0].split("]", 1)[-1].strip() if lines else f"nbgrader exit code {code}"
-        row.reason = f"nbgrader could not grade it ({detail[:200]}); see logs/{s}__{a}.autograde.log"
-        return
-    row.notebook = autograded
-    row.score = _gradebook_score(course, a, s)
-    lost, broken, timed_out = _cell_report(autograded, master)
-    deleted = _deleted_cells(course / "submitted" / s / a / f"{a}.ipynb", master)
-    parts = [note] if note else []
-    if timed_out:
-        row.status = "timeout"
-        parts.append(f"a cell ran longer than {timeout} s and was interrupted")
-    if deleted:
-        parts.append("cells deleted: " + ", ".join(deleted))
-    if broken:
-        parts.append("answer cells raised " + ", ".join(broken))
-    if lost:
-        parts.append("lost points in " + ", ".join(lost))
-    row.reason = "; ".join(parts)
-
-
-def _feedback(course: Path, a: str, rows: list[Row], master, feedback_root: Path,
-              logs: Path) -> None:
-    """Feedback pages for every autograded row of assignment ``a`` (one nbgrader call)."""
-    if not rows:
-        return
-    code, _ = _run_nbgrader(["generate_feedback", a, "--force"], course, timeout=600,
-                            log=logs / f"{a}.feedback.log")
-    for row in rows:
-        s = row.student
-        page = course / "feedback" / s / a / f"{a}.html"
-        if not page.exists():  # retry alone, so one bad notebook cannot cost everyone feedback
-            _run_nbgrader(["generate_feedback", a, f"--student={s}", "--force"], course,
-                          timeout=300, log=logs / f"{s}__{a}.feedback.log")
-        if not page.exists():
-            row.reason = "; ".join(filter(None, [row.reason, "no feedback page (see logs)"]))
-            continue
-        leaks = find_leaks(master, html_text(page.read_text(encoding="utf-8")), kinds=("hidden",))
-        if leaks:  # defence in depth: never hand out a page that shows hidden tests
-            row.reason = "; ".join(filter(None, [row.reason, "feedback withheld (it showed test code)"]))
-            continue
-        dest = feedback_root / s / a / f"{a}.html"
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(page, dest)
+    return course_grade.grade(submissions, out=out, timeout=timeout, total_timeout=total_timeout,
+                              notebooks_dir=notebooks_dir, verbose=verbose, jobs=jobs, **kwargs)
 
 
 # --------------------------------------------------------------------------- command line
@@ -534,23 +370,54 @@ def main(argv: list[str] | None = None) -> int:
     p_rel.add_argument("notebooks", nargs="*", type=Path,
                        help="chapter notebooks (default: every notebooks/*.ipynb with graded cells)")
     p_rel.add_argument("--out", type=Path, default=ROOT / "_build" / "release")
-    p_gr = sub.add_parser("grade", help="autograde a folder of submissions")
+    p_gr = sub.add_parser("grade", help="autograde a folder of submissions, each in a sandbox")
     p_gr.add_argument("submissions", type=Path,
                       help="folder laid out as <student>/<assignment>/<assignment>.ipynb")
     p_gr.add_argument("--out", type=Path, default=ROOT / "_build" / "grades")
-    p_gr.add_argument("--timeout", type=int, default=60, help="per-cell timeout in seconds (default 60)")
+    p_gr.add_argument("--timeout", type=float, default=60, help="per-cell time limit in seconds (default 60)")
     p_gr.add_argument("--total-timeout", type=float, default=900.0,
                       help="limit for one student's whole notebook in seconds (default 900)")
+    p_gr.add_argument("--jobs", "-j", type=int, default=None,
+                      help="submissions graded at once (default: the number of cores)")
+    p_gr.add_argument("--memory", type=float, default=4.0,
+                      help="memory limit of a submission in GiB (default 4)")
+    p_gr.add_argument("--no-sandbox", action="store_true",
+                      help="grade without bubblewrap (UNSAFE: student code gets your rights)")
+    p_ch = sub.add_parser("check", help="run a notebook's visible tests here, as the grader would")
+    p_ch.add_argument("notebook", type=Path)
+    p_ch.add_argument("--timeout", type=float, default=60)
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    if args.command == "release":
-        written = release(args.notebooks or None, out=args.out)
-        print(f"released {len(written)} notebook(s) to {args.out} in {time.perf_counter() - start:.1f} s")
-    else:
-        rows = grade(args.submissions, out=args.out, timeout=args.timeout,
-                     total_timeout=args.total_timeout)
-        print(f"graded {len(rows)} submission(s) in {time.perf_counter() - start:.1f} s: "
-              f"{args.out / 'grades.csv'}, feedback in {args.out / 'feedback'}")
+    try:
+        if args.command == "release":
+            written = release(args.notebooks or None, out=args.out)
+            print(f"released {len(written)} notebook(s) to {args.out} in {time.perf_counter() - start:.1f} s")
+        elif args.command == "check":
+            from tfbook import course_grade
+
+            failed = course_grade.check_notebook(args.notebook, timeout=args.timeout)
+            print("all visible checks passed" if not failed else f"{failed} test cell(s) failed")
+            return 1 if failed else 0
+        else:
+            from tfbook import course_grade, course_sandbox
+
+            if args.jobs is not None and args.jobs < 1:
+                parser.error("--jobs must be at least 1")
+            if not args.no_sandbox and course_sandbox.available():
+                print(f"bubblewrap: {course_sandbox.available()}; trying apt-get install bubblewrap",
+                      file=sys.stderr)
+                course_sandbox.install_bwrap()
+            limits = course_sandbox.Limits(memory_bytes=int(args.memory * 2**30),
+                                           cpu_seconds=int(args.total_timeout) + 30)
+            rows = course_grade.grade(args.submissions, out=args.out, timeout=args.timeout,
+                                      total_timeout=args.total_timeout, jobs=args.jobs,
+                                      use_sandbox=False if args.no_sandbox else None, limits=limits)
+            print(f"graded {len(rows)} submission(s) in {time.perf_counter() - start:.1f} s: "
+                  f"{args.out / 'grades.csv'}, {args.out / 'exercises.csv'}, feedback in "
+                  f"{args.out / 'feedback'}")
+    except (ValueError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

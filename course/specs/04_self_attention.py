@@ -1,0 +1,15 @@
+"""Hidden cases of chapter 4 (see README.md in this folder)."""
+
+HIDDEN = {
+    "ex4-1-self-attention-tests": {
+        "A": "a batch with a boolean mask and D_K different from D_V",
+        "B": "masked positions must get a weight of exactly 0 (set their scores to -inf before the softmax)",
+        "C": "wrong dtype: float32 inputs must give float32 Z and P",
+        "D": "overflow at large inputs: large scores must not give NaN; subtract the row max before exp",
+    },
+    "ex4-2-prediction-tests": {"E": "the predicted weight"},
+    "ex4-3-book-weights-tests": {
+        "F": "layers of other sizes (the book's W is the transpose of nn.Linear.weight)",
+        "G": "layers of other sizes, the value projection",
+    },
+}

@@ -1,0 +1,16 @@
+"""Hidden cases of chapter 7 (see README.md in this folder)."""
+
+HIDDEN = {
+    "ex7-1-sinusoidal-tests": {
+        "A": "another base than 10000 (use the `base` argument)",
+        "B": "a single position",
+        "C": "every encoding vector must have squared length D/2",
+    },
+    "ex7-2-rotary-tests": {
+        "D": "a 4-D batch with positions in no particular order",
+        "E": "another base than 10000 (use the `base` argument)",
+        "F": "a rotation must keep every vector's length",
+    },
+    "ex7-3-prediction-tests": {"G": "the predicted squared length"},
+    "ex7-4-prediction-tests": {"H": "the predicted factor"},
+}

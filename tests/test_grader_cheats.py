@@ -1,0 +1,105 @@
+"""The cheats of the generated class against the grading they beat (student code and tests in
+one interpreter, as nbgrader's autograde runs them) and against tfbook's grader: each cheat
+wins points the first way and none the second. Also: the judge's diagnoses of hidden cases
+name a property, never an input or an expected value."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from tfbook import course, course_demo, course_grade, course_judge, course_sandbox
+
+ROOT = Path(__file__).resolve().parents[1]
+CH0 = course_demo.CH0
+MASTER = ROOT / "notebooks" / f"{CH0}.ipynb"
+CHEATS = ("cheat_rebind", "cheat_transformer", "cheat_failpatch")
+
+pytestmark = pytest.mark.skipif(not MASTER.exists(), reason="chapter 0 not written yet")
+
+
+def _shared_kernel_points(nb, master) -> float:
+    """Points under the old model: the student's cells and the full master tests (hidden
+    part included) run in one interpreter; a test cell that raises nothing scores."""
+    full = {course._nbgrader(c).get("grade_id"): c for c in master.cells if course._nbgrader(c).get("grade")}
+    cells = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        gid = course._nbgrader(cell).get("grade_id")
+        src = full[gid].source if gid in full else cell.source
+        cells.append({"index": i, "kind": "code", "source": src})
+    with course_grade.tempfile.TemporaryDirectory() as tmp:
+        a = course_grade.run_attempt({"cells": cells, "timeout": 30, "visible_only": True},
+                                     Path(tmp) / "s", dict, timeout=30,
+                                     deadline=time.monotonic() + 300, use_bwrap=False,
+                                     limits=course_sandbox.Limits(), nproc=course_sandbox.nproc_limit(
+                                         course_sandbox.Limits(), 1), log=Path(tmp) / "log")
+    points = 0.0
+    for i, cell in enumerate(nb.cells):
+        gid = course._nbgrader(cell).get("grade_id")
+        if gid in full and a.records.get(i, {}).get("status") == "ok":
+            points += float(course._nbgrader(full[gid]).get("points", 0))
+    return points
+
+
+@pytest.fixture(scope="module")
+def cheats(tmp_path_factory):
+    rel = course.release([MASTER], out=tmp_path_factory.mktemp("rel"), verbose=False)
+    subs = tmp_path_factory.mktemp("subs")
+    out = tmp_path_factory.mktemp("out")
+    course_demo.make_class(subs, rel, out, "cheats", 9, names=list(CHEATS))
+    master = nbformat.read(str(MASTER), as_version=4)
+    old = {s: _shared_kernel_points(nbformat.read(str(subs / s / CH0 / f"{CH0}.ipynb"), as_version=4), master)
+           for s in CHEATS}
+    rows = course.grade(subs, out=out, timeout=20, total_timeout=120, verbose=False,
+                        use_sandbox=None if not course_sandbox.available() else False)
+    return old, {r.student: r for r in rows}
+
+
+def test_cheats_beat_a_shared_kernel(cheats):
+    old, _ = cheats
+    assert old["cheat_rebind"] == 7  # full marks, no work
+    assert old["cheat_transformer"] == 7  # every later cell became `pass`
+    assert old["cheat_failpatch"] >= 3  # the visible checks stopped failing
+
+
+def test_cheats_score_nothing_here(cheats):
+    _, rows = cheats
+    for s in CHEATS:
+        assert rows[s].score == 0, (s, rows[s].reason)
+
+
+def test_hidden_diagnosis_names_a_property_only():
+    judge = course_judge.Judge(MASTER)
+    judge.prepare()
+    gid = "ex0-1-softmax-tests"
+    calls = judge.logs[gid]["softmax"]
+    import pickle
+
+    import numpy as np
+
+    from tfbook import numpy as tnp
+
+    def naive(x, axis=-1):  # right values, but always float64: the hidden dtype case fails
+        x = np.asarray(x, dtype=np.float64)
+        e = np.exp(x - x.max(axis=axis, keepdims=True))
+        return e / e.sum(axis=axis, keepdims=True)
+
+    results = {}
+    for k, (blob, _) in enumerate(calls):
+        args, kwargs = pickle.loads(blob)
+        with np.errstate(all="ignore"):
+            results[k] = (True, naive(*args, **kwargs))
+    verdict = judge.evaluate({}, {gid: {"softmax": results}})[gid]
+    assert not verdict["passed"] and verdict["part"] == "hidden"
+    assert verdict["diagnosis"] == ("hidden case B: the property checked does not hold (wrong dtype: "
+                                    "a float32 input must give a float32 result)")
+    for leak in ("1e4", "10000", "expected", "got", "(2, 3)", "index"):
+        assert leak not in verdict["diagnosis"], leak
+    # the right answer passes, so the check can fail either way
+    good = {k: (True, tnp.softmax(*pickle.loads(b)[0], **pickle.loads(b)[1])) for k, (b, _) in enumerate(calls)}
+    assert judge.evaluate({}, {gid: {"softmax": good}})[gid]["passed"]

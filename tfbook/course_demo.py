@@ -1,0 +1,313 @@
+"""A generated class of submissions that attacks and breaks the grader, for its tests and
+for instructors who want to see what ``grade`` does with them.
+
+    python -m tfbook.course_demo OUT_DIR      # writes OUT_DIR/submissions and prints the table
+
+Every attack answers the first three exercises of chapter 0 correctly (6 points) and
+sets the last prediction to the right value *only if the attack worked*: so a student
+scores 7 when the attack succeeded and 6 when it was stopped. ``EXPECTED`` is what the
+sandboxed grader must give; ``UNSANDBOXED`` what the same attacks get without it.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import nbformat
+
+from tfbook import course
+
+ROOT = Path(__file__).resolve().parents[1]
+CH0, CH4, CH7 = "00_setup_and_notation", "04_self_attention", "07_positional_information"
+
+WIN = "prediction = 1 / 3 if ok else 0.9   # 7 points if the attack worked, 6 if not\n"
+
+ATTACKS = {
+    # read the master notebooks (solutions and hidden tests)
+    "atk_masters": """import glob
+ok = False
+for _p in glob.glob({root!r} + "/notebooks/*.ipynb") + glob.glob("/tmp/tfbook-*/**/*.ipynb", recursive=True):
+    try:
+        ok = ok or "BEGIN HIDDEN TESTS" in open(_p, encoding="utf-8").read()
+    except OSError:
+        pass
+""",
+    # run a classmate's answer
+    "atk_classmate_read": """import json
+ok = False
+try:
+    _nb = json.load(open({victim!r}, encoding="utf-8"))
+    _src = [''.join(c["source"]) for c in _nb["cells"]
+            if c.get("metadata", {{}}).get("nbgrader", {{}}).get("grade_id") == "ex0-4-prediction"][0]
+    _ns = {{}}
+    exec(_src, _ns)
+    ok = abs(_ns["prediction"] - 1 / 3) < 1e-9
+except Exception:
+    pass
+""",
+    # overwrite a classmate's original file
+    "atk_classmate_write": """ok = False
+try:
+    with open({victim!r}, "w") as _f:
+        _f.write("{{}}")
+    ok = True
+except OSError:
+    pass
+""",
+    # write into the project checkout
+    "atk_checkout": """import os
+ok = False
+try:
+    os.makedirs({root!r} + "/_build", exist_ok=True)
+    with open({root!r} + "/_build/tfbook-attack-{tag}.txt", "w") as _f:
+        _f.write("pwned")
+    ok = True
+except OSError:
+    pass
+""",
+    # rewrite the gradebook (grades.csv) and leave a file next to it
+    "atk_gradebook": """import os
+ok = False
+try:
+    os.makedirs({out!r}, exist_ok=True)
+    with open({out!r} + "/attack-{tag}.txt", "w") as _f:
+        _f.write("pwned")
+    with open({out!r} + "/grades.csv", "w") as _f:
+        _f.write("student,assignment,score\\natk_gradebook,00_setup_and_notation,7\\n")
+    ok = True
+except OSError:
+    pass
+""",
+    # a detached process that should outlive the grading
+    "atk_detached": """import subprocess, sys
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(90)", "tfbook-detached-{tag}"],
+                 start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                 stderr=subprocess.DEVNULL)
+ok = True
+""",
+    # allocate 8 GiB (never touched, so an unlimited run does not really use the memory)
+    "atk_memory": """import numpy as np
+ok = False
+try:
+    _big = np.empty(2**30)   # 8 GiB of float64
+    ok = True
+    del _big
+except MemoryError:
+    pass
+""",
+    # reach a server on the grading machine
+    "atk_network": """import socket
+ok = False
+try:
+    socket.create_connection(("127.0.0.1", {port}), timeout=2).close()
+    ok = True
+except OSError:
+    pass
+""",
+}
+
+# rebinding the check helpers and builtins: full marks with no work under a shared kernel
+CHEAT_REBIND = """import builtins, tfbook.checks
+_noop = lambda *a, **k: None
+for _n in ("check_softmax", "check_close", "check_shape", "check_finite", "check_projection"):
+    setattr(tfbook.checks, _n, _noop)
+    globals()[_n] = _noop
+builtins.abs = lambda x: 0
+builtins.tuple = lambda g: (2, 4, 3, 5)
+def softmax(x, axis=-1):
+    return x
+"""
+# an input transformer that turns every later cell (the tests too) into `pass`
+CHEAT_TRANSFORMER = """get_ipython().input_transformers_cleanup.append(lambda lines: ["pass\\n"])
+def softmax(x, axis=-1):
+    return x
+"""
+# patching the checks' failure function, every answer wrong
+CHEAT_FAIL = """import tfbook.checks
+tfbook.checks._fail = lambda message: None
+def softmax(x, axis=-1):
+    return x / x.sum()
+"""
+LOOP = "def softmax(x, axis=-1):\n    while True:\n        pass\n"
+IGNORE_SIGNALS = """import signal
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+signal.signal(signal.SIGALRM, signal.SIG_IGN)
+while True:
+    pass
+"""
+CRASH = "prediction = 1 / 3\nimport os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n"
+LEAKY = """import base64
+_seen = []
+def softmax(x, axis=-1):
+    x = np.asarray(x)
+    print("LEAK:" + base64.b64encode(np.ascontiguousarray(x).tobytes()).decode())
+    _seen.append(x)
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+"""
+LEAKY_LATER = """for _x in _seen:
+    print("LEAK:" + base64.b64encode(np.ascontiguousarray(_x).tobytes()).decode())
+"""
+NO_MAX = """def self_attention(X, W_Q, W_K, W_V, mask=None):
+    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
+    S = Q @ np.swapaxes(K, -1, -2) / np.sqrt(Q.shape[-1]).astype(X.dtype)
+    if mask is not None:
+        S = np.where(mask, S, -np.inf)
+    E = np.exp(S)                      # no max subtraction: overflows at large scores
+    P = E / E.sum(axis=-1, keepdims=True)
+    return P @ V, P
+"""
+
+# student: {assignment: (score, status, fragment of the reason)}
+EXPECTED = {
+    "ada_correct": {CH0: (7, "graded", ""), CH4: (6, "graded", ""), CH7: (8, "graded", "")},
+    "ben_wrong": {CH0: (2, "graded", "ex0-1-softmax-tests: visible checks"),
+                  CH4: (3, "graded", "hidden case D: NaN or inf in the result (overflow at large inputs")},
+    "cat_raises": {CH0: (5, "graded", "ex0-3-scores-tests: visible checks: scores raised RuntimeError")},
+    "dan_loops": {CH0: (4, "timeout", "ran longer than")},
+    "eve_syntax": {CH0: (5, "graded", "ex0-3-scores: SyntaxError")},
+    "fay_corrupt": {CH0: (0, "unreadable", "not a notebook")},
+    "gus_deleted": {CH0: (5, "graded", "cells deleted: ex0-3-scores, ex0-3-scores-tests")},
+    "hal_blank": {CH0: (0, "graded", "ex0-4-prediction-tests")},
+    "ivy_empty": {CH0: (0, "unreadable", "empty file")},
+    # rebinding `tuple` breaks the student's own process: it ends early, and scores 0
+    "cheat_rebind": {CH0: (0, "crashed", "ex0-1-softmax-tests")},
+    "cheat_transformer": {CH0: (0, "graded", "ex0-1-softmax-tests")},
+    "cheat_failpatch": {CH0: (0, "graded", "ex0-1-softmax-tests")},
+    "sig_ignore": {CH0: (7, "timeout", "did not stop")},
+    "crash_last": {CH0: (6, "crashed", "crashed the notebook")},
+    "dup_cells": {CH0: (7, "graded", "ex0-1-softmax-tests appears again in cell")},
+    "tamper_test": {CH0: (4, "graded", "test cell ex0-1-softmax-tests was edited")},
+    "del_test": {CH0: (7, "graded", "test cell ex0-3-scores-tests was deleted")},
+    "leaky": {CH0: (7, "graded", "")},
+    **{name: {CH0: (6, "graded", "ex0-4-prediction-tests")} for name in ATTACKS},
+    # the detached process is the attack; the test looks for it after grading
+    "atk_detached": {CH0: (7, "graded", "")},
+}
+# the same attacks with no sandbox: each one works (7 points; the victim's file is overwritten)
+UNSANDBOXED = {name: 7 for name in ATTACKS}
+
+
+def solutions(master) -> dict[str, str]:
+    return {course._nbgrader(c)["grade_id"]: c.source for c in master.cells
+            if course._nbgrader(c).get("solution")}
+
+
+def _answer(student, answers: dict[str, str]):
+    nb = copy.deepcopy(student)
+    for cell in nb.cells:
+        gid = course._nbgrader(cell).get("grade_id")
+        if gid in answers:
+            cell.source = answers[gid]
+    return nb
+
+
+def _index(nb, gid):
+    return next(i for i, c in enumerate(nb.cells) if course._nbgrader(c).get("grade_id") == gid)
+
+
+def _write(subs: Path, student: str, assignment: str, nb) -> Path:
+    path = subs / student / assignment / f"{assignment}.ipynb"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(nb, str):
+        path.write_text(nb, encoding="utf-8")
+    else:
+        nbformat.write(nb, str(path))
+    return path
+
+
+def make_class(subs: Path, released: dict[str, Path], out: Path, tag: str, port: int,
+               names: list[str] | None = None) -> dict:
+    """Write the class into ``subs``; return {student: {assignment: expected}} for those written."""
+    masters = {a: nbformat.read(str(ROOT / "notebooks" / f"{a}.ipynb"), as_version=4)
+               for a in (CH0, CH4, CH7)}
+    students = {a: nbformat.read(str(released[a]), as_version=4) for a in (CH0, CH4, CH7) if a in released}
+    right = {a: solutions(m) for a, m in masters.items()}
+    r0 = right[CH0]
+    victim = subs / "ada_correct" / CH0 / f"{CH0}.ipynb"
+    ctx = {"root": str(ROOT), "victim": str(victim), "out": str(out), "tag": tag, "port": port}
+    s0 = students[CH0]
+    nbs: dict[str, dict] = {}
+    nbs["ada_correct"] = {CH0: _answer(s0, r0)}
+    if CH4 in students:
+        nbs["ada_correct"][CH4] = _answer(students[CH4], right[CH4])
+    if CH7 in students:
+        nbs["ada_correct"][CH7] = _answer(students[CH7], right[CH7])
+    wrong_axis = r0["ex0-1-softmax"].replace("axis=axis, keepdims", "axis=0, keepdims")
+    assert wrong_axis != r0["ex0-1-softmax"]
+    nbs["ben_wrong"] = {CH0: _answer(s0, {**r0, "ex0-1-softmax": wrong_axis,
+                                          "ex0-2-prediction": "prediction = (2, 4, 5, 3)",
+                                          "ex0-4-prediction": "prediction = 0.5"})}
+    if CH4 in students:
+        nbs["ben_wrong"][CH4] = _answer(students[CH4], {**right[CH4], "ex4-1-self-attention": NO_MAX})
+    nbs["cat_raises"] = {CH0: _answer(s0, {**r0, "ex0-3-scores":
+                                           "def scores(Q, K):\n    raise RuntimeError('not today')\n"})}
+    nbs["dan_loops"] = {CH0: _answer(s0, {**r0, "ex0-1-softmax": LOOP})}
+    nbs["eve_syntax"] = {CH0: _answer(s0, {**r0, "ex0-3-scores": "def scores(Q, K)\n    return Q\n"})}
+    nbs["fay_corrupt"] = {CH0: (ROOT / "notebooks" / f"{CH0}.ipynb").read_text(encoding="utf-8")[:500]}
+    deleted = _answer(s0, r0)
+    deleted.cells = [c for c in deleted.cells
+                     if course._nbgrader(c).get("grade_id") not in ("ex0-3-scores", "ex0-3-scores-tests")]
+    nbs["gus_deleted"] = {CH0: deleted}
+    nbs["hal_blank"] = {CH0: s0}
+    nbs["ivy_empty"] = {CH0: ""}
+    nbs["cheat_rebind"] = {CH0: _answer(s0, {"ex0-1-softmax": CHEAT_REBIND,
+                                             "ex0-2-prediction": "prediction = (0, 0, 0, 0)",
+                                             "ex0-3-scores": "def scores(Q, K):\n    return np.zeros((9, 9, 9, 9))\n",
+                                             "ex0-4-prediction": "prediction = 0.9"})}
+    nbs["cheat_transformer"] = {CH0: _answer(s0, {"ex0-1-softmax": CHEAT_TRANSFORMER})}
+    nbs["cheat_failpatch"] = {CH0: _answer(s0, {"ex0-1-softmax": CHEAT_FAIL,
+                                                "ex0-2-prediction": "prediction = (2, 4, 5, 3)",
+                                                "ex0-3-scores": "def scores(Q, K):\n    return Q @ K.T\n",
+                                                "ex0-4-prediction": "prediction = 0.9"})}
+    sig = _answer(s0, r0)
+    sig.cells.insert(_index(sig, "ex0-3-scores-tests") + 1, nbformat.v4.new_code_cell(IGNORE_SIGNALS))
+    nbs["sig_ignore"] = {CH0: sig}
+    nbs["crash_last"] = {CH0: _answer(s0, {**r0, "ex0-4-prediction": CRASH})}
+    dup = _answer(s0, r0)
+    k = _index(dup, "ex0-1-softmax-tests")
+    dup.cells.insert(k + 1, copy.deepcopy(dup.cells[k]))
+    k = _index(dup, "ex0-3-scores")
+    dup.cells.insert(k + 1, copy.deepcopy(dup.cells[k]))
+    nbs["dup_cells"] = {CH0: dup}
+    tam = _answer(s0, {**r0, "ex0-1-softmax": wrong_axis})
+    tam.cells[_index(tam, "ex0-1-softmax-tests")].source = 'print("✔ softmax: all good")'
+    nbs["tamper_test"] = {CH0: tam}
+    dt = _answer(s0, r0)
+    dt.cells = [c for c in dt.cells if course._nbgrader(c).get("grade_id") != "ex0-3-scores-tests"]
+    nbs["del_test"] = {CH0: dt}
+    leak = _answer(s0, {**r0, "ex0-1-softmax": LEAKY})
+    leak.cells.append(nbformat.v4.new_code_cell(LEAKY_LATER))
+    nbs["leaky"] = {CH0: leak}
+    for name, code in ATTACKS.items():
+        nbs[name] = {CH0: _answer(s0, {**r0, "ex0-4-prediction": code.format(**ctx) + WIN})}
+    expected = {}
+    for student, per in nbs.items():
+        if names is not None and student not in names:
+            continue
+        for a, nb in per.items():
+            _write(subs, student, a, nb)
+        expected[student] = {a: EXPECTED[student][a] for a in per}
+    return expected
+
+
+def main(argv: list[str]) -> int:
+    import tempfile
+
+    if len(argv) != 1:
+        print(__doc__, file=sys.stderr)
+        return 2
+    out = Path(argv[0])
+    with tempfile.TemporaryDirectory() as tmp:
+        released = course.release([ROOT / "notebooks" / f"{a}.ipynb" for a in (CH0, CH4, CH7)],
+                                  out=Path(tmp), verbose=False)
+        make_class(out / "submissions", released, out / "grades", "demo", 9)
+    print(f"wrote {out / 'submissions'}; grade it with: python -m tfbook.course grade "
+          f"{out / 'submissions'} --out {out / 'grades'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,232 @@
+"""Runs ONE submission inside its sandbox; started by :mod:`tfbook.course` (never by hand).
+
+    python -m tfbook.course_driver JOB.json
+
+The job file lists the notebook's code cells in order. Ordinary and answer cells are the
+student's; at each test cell the driver runs the *visible* part of the master's test
+(for the student's feedback) and then records what the test needs from the student's
+code: a plain value (``prediction``), or a function, which is kept for later.
+
+Phase 1 (visible): every cell runs in one IPython shell, in this process; each cell has
+``timeout`` seconds (a SIGALRM interrupts it). What each cell printed is reported.
+Phase 2 (hidden): after reporting ``visible-done`` the driver reads, from its standard
+input, the inputs of every call the grader wants (pickles made by the grader), calls the
+student's functions on them with the output discarded, and reports each result as plain
+data (:mod:`tfbook.course_wire`). The grader sends those inputs only once it has received
+``visible-done``, and ignores anything after it for feedback: nothing the student's code
+learns in phase 2 can reach the feedback page.
+
+Nothing here is trusted by the grader: the student's code runs in this very process and
+can change anything in it. The grader judges the reported data in its own process,
+against the master notebook's solution, and supervises the time limits from outside.
+
+Messages go, one JSON object a line, to the file descriptor that was standard output
+when the driver started; fd 1 and fd 2 are redirected so C-level prints cannot corrupt it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import signal
+import struct
+import sys
+import time
+
+EXCERPT = 4000
+
+
+class _State:
+    fired = False
+    proto = None
+
+
+def _send(msg: dict) -> None:
+    try:
+        _State.proto.write(json.dumps(msg) + "\n")
+        _State.proto.flush()
+    except Exception:  # noqa: BLE001  (the channel is gone: nothing left to do)
+        os._exit(3)
+
+
+def _on_alarm(signum, frame):
+    _State.fired = True
+    raise KeyboardInterrupt("time limit")
+
+
+def _arm(seconds: float) -> None:
+    _State.fired = False
+    signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, max(float(seconds), 0.001))
+
+
+def _disarm() -> None:
+    signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def _builtin_name(exc: BaseException) -> str:
+    import builtins
+
+    name = type(exc).__name__
+    return name if getattr(builtins, name, None) is type(exc) else "an exception"
+
+
+def _run(shell, source: str, timeout: float) -> dict:
+    from IPython.utils.capture import capture_output
+
+    status, ename, evalue = "ok", "", ""
+    with capture_output(display=True) as cap:
+        _arm(timeout)
+        try:
+            result = shell.run_cell(source, store_history=False, silent=False)
+        except KeyboardInterrupt:  # the alarm fired outside the cell's own code
+            result = None
+        finally:
+            _disarm()
+    err = None if result is None else (result.error_before_exec or result.error_in_exec)
+    if _State.fired:
+        status, ename = "timeout", "TimeoutError"
+    elif result is None or err is not None:
+        status = "error"
+        ename = type(err).__name__ if err is not None else "KeyboardInterrupt"
+        evalue = str(err)[:500] if err is not None else ""
+    text = cap.stdout + cap.stderr
+    for out in cap.outputs:
+        plain = out.data.get("text/plain") if hasattr(out, "data") else None
+        if plain and not any(k.startswith("image/") for k in out.data):
+            text += str(plain) + "\n"
+    try:
+        import matplotlib.pyplot as plt
+
+        plt.close("all")
+    except Exception:  # noqa: BLE001
+        pass
+    return {"status": status, "ename": ename, "evalue": evalue, "out": text[-EXCERPT:]}
+
+
+def _encode_value(value):
+    from tfbook.course_wire import Unencodable, encode
+
+    try:
+        return {"ok": True, "value": encode(value)}
+    except Unencodable as exc:
+        return {"ok": False, "error": f"cannot be compared: it is {exc}"}
+    except Exception as exc:  # noqa: BLE001
+        return {"ok": False, "error": f"cannot be compared ({_builtin_name(exc)})"}
+
+
+def _hidden(job: dict, functions: dict) -> None:
+    raw = sys.stdin.buffer.read(8)
+    if len(raw) != 8:
+        _send({"t": "log", "msg": "no hidden inputs"})
+        return
+    (size,) = struct.unpack("<Q", raw)
+    calls = pickle.loads(sys.stdin.buffer.read(size))  # made by the grader
+    sink = io.StringIO()
+    skip = set(job.get("skip_hidden", []))
+    for gid, per_name in calls.items():
+        if gid in skip:
+            continue
+        _send({"t": "hstart", "gid": gid})
+        _arm(job["timeout"])
+        timed_out = False
+        try:
+            for name, blobs in per_name.items():
+                fn = functions.get((gid, name))
+                for k, blob in enumerate(blobs):
+                    if timed_out:
+                        msg = {"ok": False, "error": "timeout"}
+                    elif fn is None:
+                        msg = {"ok": False, "error": "missing"}
+                    else:
+                        args, kwargs = pickle.loads(blob)
+                        old = sys.stdout, sys.stderr
+                        sys.stdout = sys.stderr = sink
+                        try:
+                            msg = _encode_value(fn(*args, **kwargs))
+                        except KeyboardInterrupt:
+                            timed_out = _State.fired
+                            msg = {"ok": False, "error": "timeout" if timed_out else "raised KeyboardInterrupt"}
+                        except BaseException as exc:  # noqa: BLE001  (SystemExit too)
+                            msg = {"ok": False, "error": f"raised {_builtin_name(exc)}"}
+                        finally:
+                            sys.stdout, sys.stderr = old
+                            sink.seek(0)
+                            sink.truncate()
+                    _send({"t": "result", "gid": gid, "name": name, "k": k, **msg})
+        except KeyboardInterrupt:
+            pass
+        finally:
+            _disarm()
+        _send({"t": "hend", "gid": gid})
+
+
+def _drop_privileges() -> None:
+    """As root inside bwrap: become the sandbox user before anything else runs."""
+    uid = os.environ.pop("TFBOOK_SANDBOX_UID", "")
+    if uid and os.getuid() == 0:
+        os.setgroups([])
+        os.setgid(int(uid))
+        os.setuid(int(uid))
+        if os.getuid() == 0 or os.geteuid() == 0:
+            raise SystemExit("could not drop privileges")
+
+
+def main(argv: list[str]) -> int:
+    _drop_privileges()
+    job = json.loads(open(argv[0], encoding="utf-8").read())
+    _State.proto = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    log = job.get("log")
+    if log:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(fd, 2)
+    else:
+        os.dup2(devnull, 2)
+    sys.stdout = io.TextIOWrapper(os.fdopen(os.dup(1), "wb"), encoding="utf-8")
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    start = time.perf_counter()
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.colors = "NoColor"
+    _send({"t": "ready", "s": round(time.perf_counter() - start, 3)})
+    skip = set(job.get("skip", []))
+    functions: dict = {}
+    for cell in job["cells"]:
+        i = cell["index"]
+        if i in skip:
+            continue
+        _send({"t": "start", "cell": i})
+        rec = _run(shell, cell["source"], job["timeout"]) if cell["source"].strip() else \
+            {"status": "ok", "ename": "", "evalue": "", "out": ""}
+        _send({"t": "end", "cell": i, **rec})
+        for name, mode in cell.get("capture", []):
+            gid = cell["gid"]
+            value = shell.user_ns.get(name, _MISSING)
+            if value is _MISSING:
+                _send({"t": "value", "gid": gid, "name": name, "ok": False, "error": "missing"})
+            elif mode == "call":
+                if callable(value):
+                    functions[(gid, name)] = value
+                    _send({"t": "value", "gid": gid, "name": name, "ok": True, "callable": True})
+                else:
+                    _send({"t": "value", "gid": gid, "name": name, "ok": False,
+                           "error": "not a function"})
+            else:
+                _send({"t": "value", "gid": gid, "name": name, **_encode_value(value)})
+    _send({"t": "visible-done"})
+    if not job.get("visible_only"):
+        _hidden(job, functions)
+    _send({"t": "done"})
+    _State.proto.close()
+    os._exit(0)  # no atexit handlers of the student's
+
+
+_MISSING = object()
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

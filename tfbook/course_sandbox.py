@@ -1,0 +1,202 @@
+"""The sandbox one submission is graded in (bubblewrap), and the limits it runs under.
+
+Inside, a submission sees: the system's programs and libraries (``/usr``, ``/etc``, read
+only), this Python and its virtual environment (read only), the installed ``tfbook``
+package (read only), a private ``/tmp`` and ``/dev/shm`` (memory, gone at the end) and
+its own scratch folder at ``/grading`` (its notebook's cells, the job, what it reports).
+Nothing else: not the project checkout, not the master notebooks, not the grader's
+course folder, not another submission, not the gradebook, not the network
+(``--unshare-net``: only a loopback interface). It runs in its own PID namespace with
+``--die-with-parent``: when grading ends, or the grader dies, every process it started
+(daemons and double forks included) is killed with it.
+
+Limits (``Limits``): address space for data (``RLIMIT_DATA``, default 4 GiB, so an
+8 GiB allocation raises ``MemoryError``), CPU seconds (``RLIMIT_CPU``), processes and
+threads of the sandbox user (``RLIMIT_NPROC``), size of any file written
+(``RLIMIT_FSIZE``), plus the grader's own wall-clock limits per cell and per notebook.
+When the grader runs as root the submission runs as user ``nobody`` (65534): root is
+exempt from ``RLIMIT_NPROC``, and ``nobody`` owns nothing outside its scratch folder.
+
+Where bubblewrap is missing (macOS) or does not work, :func:`available` says why, and
+the grader runs the driver as a plain subprocess with the same limits and a loud
+warning in the console and in every row of grades.csv.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import tfbook
+
+PACKAGE = Path(tfbook.__file__).resolve().parent
+SANDBOX_UID = 65534  # nobody
+INSIDE = "/grading"  # where the scratch folder appears inside the sandbox
+SYSTEM = ["/usr", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/opt/conda"]
+
+
+@dataclass
+class Limits:
+    memory_bytes: int | None = 4 * 2**30  # None: no limit
+    cpu_seconds: int = 900
+    processes: int = 128
+    file_bytes: int = 64 * 2**20
+
+
+def bwrap_path() -> str | None:
+    return shutil.which("bwrap") or ("/usr/bin/bwrap" if os.path.exists("/usr/bin/bwrap") else None)
+
+
+@lru_cache(maxsize=1)
+def available() -> str:
+    """'' when bubblewrap works here, else why not (for the warning)."""
+    path = bwrap_path()
+    if sys.platform != "linux":
+        return f"bubblewrap needs Linux (this is {sys.platform})"
+    if path is None:
+        return "bubblewrap (bwrap) is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+    probe = [path, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-all",
+             "--die-with-parent", "true"]
+    try:
+        done = subprocess.run(probe, capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bwrap does not run here ({type(exc).__name__})"
+    if done.returncode != 0:
+        return f"bwrap does not work here: {done.stderr.decode(errors='replace').strip()[:200]}"
+    return ""
+
+
+def install_bwrap() -> bool:
+    """Install Debian's bubblewrap with apt-get (as root or with sudo); True if it worked."""
+    if bwrap_path() or sys.platform != "linux" or not shutil.which("apt-get"):
+        return bool(bwrap_path())
+    sudo = [] if os.geteuid() == 0 else (["sudo", "-n"] if shutil.which("sudo") else None)
+    if sudo is None:
+        return False
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "update", "-qq"],
+                ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "bubblewrap"]):
+        if subprocess.run(sudo + cmd, env=env, capture_output=True).returncode != 0:
+            return False
+    available.cache_clear()
+    return bool(bwrap_path())
+
+
+def _read_only_paths() -> list[Path]:
+    paths = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(),
+             Path(sys.executable).resolve().parent.parent, PACKAGE}
+    return sorted(paths)
+
+
+def environment(scratch_inside: str) -> dict[str, str]:
+    venv_bin = str(Path(sys.executable).parent)
+    return {
+        "PATH": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin",
+        "HOME": scratch_inside,
+        "TMPDIR": "/tmp",
+        "LANG": "C.UTF-8",
+        "MPLBACKEND": "Agg",
+        "MPLCONFIGDIR": f"{scratch_inside}/.matplotlib",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONNOUSERSITE": "1",
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "TFBOOK_DEVICE": "cpu",
+        "JUPYTER_PLATFORM_DIRS": "1",
+        "IPYTHONDIR": f"{scratch_inside}/.ipython",
+    }
+
+
+def bwrap_command(scratch: Path, argv: list[str]) -> list[str]:
+    """The bwrap command line that runs ``argv`` with ``scratch`` at /grading."""
+    cmd = [bwrap_path()]
+    made: set[str] = {"/"}
+    bound: list[str] = []
+    for p in SYSTEM:
+        if os.path.islink(p):
+            cmd += ["--symlink", os.readlink(p), p]
+            made.add(p)
+        elif os.path.isdir(p):
+            cmd += ["--ro-bind", p, p]
+            made.add(p)
+            bound.append(p)
+    for p in _read_only_paths():
+        if any(str(p) == b or str(p).startswith(b + "/") for b in bound):
+            continue
+        for parent in reversed(p.parents):
+            if str(parent) not in made:
+                cmd += ["--perms", "0755", "--dir", str(parent)]
+                made.add(str(parent))
+        cmd += ["--ro-bind", str(p), str(p)]
+        made.add(str(p))
+        bound.append(str(p))
+    cmd += ["--bind", str(scratch), INSIDE, "--chdir", INSIDE,
+            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm",
+            "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv"]
+    if os.geteuid() == 0:
+        # the driver drops to `nobody` itself, before any student code runs
+        cmd += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
+                "--setenv", "TFBOOK_SANDBOX_UID", str(SANDBOX_UID)]
+    else:
+        cmd += ["--unshare-user"]
+    for k, v in environment(INSIDE).items():
+        cmd += ["--setenv", k, v]
+    return cmd + ["--"] + argv
+
+
+def _own_process_count() -> int:
+    uid, n = os.getuid(), 0
+    for d in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if d.isdigit():
+            try:
+                n += len(os.listdir(f"/proc/{d}/task")) if os.stat(f"/proc/{d}").st_uid == uid else 0
+            except OSError:
+                pass
+    return n
+
+
+def preexec(limits: Limits, processes: int):
+    """A preexec_fn setting the limits in the child before it execs the sandbox."""
+
+    def apply():
+        os.setsid()
+        if limits.memory_bytes is not None:
+            resource.setrlimit(resource.RLIMIT_DATA, (limits.memory_bytes, limits.memory_bytes))
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 5))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
+
+    return apply
+
+
+def nproc_limit(limits: Limits, jobs: int) -> int:
+    """RLIMIT_NPROC counts every process and thread of the user: as root the sandbox runs
+    as `nobody` (shared by the parallel jobs); otherwise as this user, who has others."""
+    if os.geteuid() == 0:
+        return limits.processes * max(jobs, 1)
+    return _own_process_count() + limits.processes * max(jobs, 1)
+
+
+def prepare_scratch(scratch: Path) -> None:
+    """Create the scratch folder, writable by the sandbox user, with matplotlib's font
+    cache copied in (building it takes seconds)."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    mpl = scratch / ".matplotlib"
+    mpl.mkdir(exist_ok=True)
+    for cache in (Path(os.environ.get("MPLCONFIGDIR", "")), Path.home() / ".cache" / "matplotlib"):
+        if str(cache) and cache.is_dir():
+            for f in cache.glob("fontlist-*.json"):
+                shutil.copyfile(f, mpl / f.name)
+            break
+    if os.geteuid() == 0:
+        for p in [scratch, *scratch.rglob("*")]:
+            os.chown(p, SANDBOX_UID, SANDBOX_UID)

@@ -1,0 +1,191 @@
+"""Plain-data wire format between a sandboxed submission and the grader.
+
+The sandbox (:mod:`tfbook.course_driver`) turns the values a student's code produced
+into JSON with :func:`encode`: ``None``, booleans, integers, floats, complex numbers,
+strings, tuples, lists and dicts of these, NumPy arrays and scalars (numeric or boolean
+dtypes, stored with ``np.save``) and torch tensors (stored as their NumPy array and
+their dtype). Anything else (a function, a module, an object of a student's class)
+cannot be encoded: :class:`Unencodable` names its type.
+
+The grader reads that JSON with :func:`decode`, which trusts nothing: a depth limit, a
+size limit, ``np.load(..., allow_pickle=False)`` (so no object arrays and no pickles)
+and a list of torch dtypes. No student bytes are ever unpickled by the grader.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+import re
+
+import numpy as np
+
+MAX_DEPTH = 16
+MAX_STR = 10_000
+MAX_BYTES = 32 * 2**20  # all arrays of one value together
+TORCH_DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8",
+                "uint8", "bool", "complex64", "complex128")
+
+
+class Unencodable(TypeError):
+    """A value the wire format cannot carry (its type is in the message)."""
+
+
+class Undecodable(ValueError):
+    """Data from a sandbox that is not a well-formed encoded value."""
+
+
+class Tensor:
+    """A torch tensor as the grader receives it: its array and its torch dtype name.
+
+    The grader's judge turns it back into a tensor (``to_torch``); nothing else
+    about the student's tensor object crosses the wire.
+    """
+
+    __slots__ = ("array", "dtype")
+
+    def __init__(self, array: np.ndarray, dtype: str):
+        self.array, self.dtype = array, dtype
+
+    def to_torch(self):
+        import torch
+
+        t = torch.from_numpy(np.array(self.array, copy=True))
+        return t.to(getattr(torch, self.dtype))
+
+
+def safe_type_name(x) -> str:
+    """A type name fit for a message: builtin, NumPy and torch names as they are,
+    anything else (a student's class name could carry data) as ``an object``."""
+    t = type(x)
+    mod = t.__module__ or ""
+    if mod in ("builtins", "numpy") or mod.startswith(("numpy.", "torch")):
+        name = t.__name__
+        return name if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,40}", name) else "an object"
+    return "an object"
+
+
+def _npy(a: np.ndarray) -> str:
+    buf = io.BytesIO()
+    np.save(buf, a, allow_pickle=False)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def encode(x, _depth: int = 0, _budget: list | None = None):
+    """``x`` as JSON-ready data; raises :class:`Unencodable` for anything else."""
+    budget = [MAX_BYTES] if _budget is None else _budget
+    if _depth > MAX_DEPTH:
+        raise Unencodable("nested too deeply")
+    if x is None or isinstance(x, bool):
+        return {"t": "none"} if x is None else {"t": "bool", "v": x}
+    if isinstance(x, int):
+        return {"t": "int", "v": str(int(x))}
+    if isinstance(x, float):
+        return {"t": "float", "v": repr(float(x))}
+    if isinstance(x, complex):
+        return {"t": "complex", "v": [repr(x.real), repr(x.imag)]}
+    if isinstance(x, str):
+        if len(x) > MAX_STR:
+            raise Unencodable(f"a string of {len(x)} characters")
+        return {"t": "str", "v": str(x)}
+    if isinstance(x, (tuple, list)):
+        return {"t": "tuple" if isinstance(x, tuple) else "list",
+                "v": [encode(i, _depth + 1, budget) for i in x]}
+    if isinstance(x, dict):
+        items = []
+        for k, v in x.items():
+            if not isinstance(k, (str, int)) or isinstance(k, bool):
+                raise Unencodable("a dict with keys that are not strings or integers")
+            items.append([encode(k, _depth + 1, budget), encode(v, _depth + 1, budget)])
+        return {"t": "dict", "v": items}
+    mod = type(x).__module__ or ""
+    if mod.startswith("torch") and hasattr(x, "detach") and hasattr(x, "dtype"):
+        t = x.detach().cpu()
+        dtype = str(t.dtype).replace("torch.", "")
+        if dtype not in TORCH_DTYPES:
+            raise Unencodable(f"a tensor of dtype {dtype}")
+        if dtype == "bfloat16":
+            t = t.float()
+        arr = np.ascontiguousarray(t.numpy())
+        budget[0] -= arr.nbytes
+        if budget[0] < 0:
+            raise Unencodable("arrays larger than 32 MiB")
+        return {"t": "tensor", "dtype": dtype, "npy": _npy(arr)}
+    if isinstance(x, (np.ndarray, np.generic)):
+        arr = np.asarray(x)
+        if arr.dtype.hasobject or arr.dtype.kind not in "biufcSU":
+            raise Unencodable(f"an array of dtype {arr.dtype}")
+        budget[0] -= arr.nbytes
+        if budget[0] < 0:
+            raise Unencodable("arrays larger than 32 MiB")
+        return {"t": "scalar" if isinstance(x, np.generic) else "ndarray", "npy": _npy(arr)}
+    raise Unencodable(safe_type_name(x))
+
+
+def _float(s) -> float:
+    if not isinstance(s, str) or len(s) > 40:
+        raise Undecodable("bad float")
+    v = float(s)  # accepts 'nan', 'inf'
+    return v
+
+
+def _load_npy(s) -> np.ndarray:
+    if not isinstance(s, str) or len(s) > MAX_BYTES * 4 // 3 + 1024:
+        raise Undecodable("bad array")
+    try:
+        arr = np.load(io.BytesIO(base64.b64decode(s, validate=True)), allow_pickle=False)
+    except Exception as exc:  # noqa: BLE001  (whatever the bytes were, they are not an array)
+        raise Undecodable(f"bad array ({type(exc).__name__})") from None
+    if not isinstance(arr, np.ndarray) or arr.dtype.hasobject:
+        raise Undecodable("bad array")
+    return arr
+
+
+def decode(d, _depth: int = 0):
+    """The value that :func:`encode` encoded; raises :class:`Undecodable` on anything else."""
+    if _depth > MAX_DEPTH + 1 or not isinstance(d, dict):
+        raise Undecodable("not an encoded value")
+    t, v = d.get("t"), d.get("v")
+    if t == "none":
+        return None
+    if t == "bool" and isinstance(v, bool):
+        return v
+    if t == "int" and isinstance(v, str) and re.fullmatch(r"-?\d{1,4300}", v):
+        return int(v)
+    if t == "float":
+        return _float(v)
+    if t == "complex" and isinstance(v, list) and len(v) == 2:
+        return complex(_float(v[0]), _float(v[1]))
+    if t == "str" and isinstance(v, str) and len(v) <= MAX_STR:
+        return v
+    if t in ("tuple", "list") and isinstance(v, list):
+        items = [decode(i, _depth + 1) for i in v]
+        return tuple(items) if t == "tuple" else items
+    if t == "dict" and isinstance(v, list):
+        out = {}
+        for pair in v:
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise Undecodable("bad dict")
+            k = decode(pair[0], _depth + 1)
+            if not isinstance(k, (str, int)):
+                raise Undecodable("bad dict key")
+            out[k] = decode(pair[1], _depth + 1)
+        return out
+    if t == "ndarray":
+        return _load_npy(d.get("npy"))
+    if t == "scalar":
+        arr = _load_npy(d.get("npy"))
+        if arr.shape != ():
+            raise Undecodable("bad scalar")
+        return arr[()]
+    if t == "tensor" and d.get("dtype") in TORCH_DTYPES:
+        return Tensor(_load_npy(d.get("npy")), d["dtype"])
+    raise Undecodable(f"unknown kind {str(t)[:20]!r}")
+
+
+def finite_float(x) -> bool:
+    try:
+        return math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return False
