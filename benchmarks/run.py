@@ -216,7 +216,8 @@ def attention_rows(T: int, repeats: int = 3, ram: int | None = None, torch_memor
                "max_abs_err": math.nan, "note": ""}
         need = _needed_bytes(name, T, dtype.itemsize)
         if need > 0.5 * ram:
-            row["note"] = (f"skipped: {need // (T * T * dtype.itemsize)} T x T arrays need {need / 2**30:.0f} GiB; "
+            k = need // (T * T * dtype.itemsize)
+            row["note"] = (f"skipped: {k} T x T array{'s' if k > 1 else ''} would need {need / 2**30:.0f} GiB; "
                            f"this machine has {ram / 2**30:.0f} GiB")
             rows.append(row)
             continue

@@ -153,7 +153,7 @@ def scaled_dot_product_attention(Q, K, V, mask=None, scale=None):
     m[~np.isfinite(m)] = 0                          #    (a fully masked row: shift by 0)
     P = np.exp(S - m)                               # 5. softmax: every exponent <= 0, no overflow
     l = P.sum(axis=-1, keepdims=True)               #    row sums (..., T_q, 1)
-    P = P / np.where(l == 0, 1, l)                  #    rows sum to 1; a fully masked row stays 0
+    P /= np.where(l == 0, 1, l)                     #    rows sum to 1; a fully masked row stays 0
     Z = P @ V                                       # 6. outputs (..., T_q, D_V)
     return Z, P
 

@@ -202,7 +202,6 @@ def _worker(rank: int, world_size: int, port: int, cfg_dict: dict, out_dir: str,
     """One rank: DDP-style training, then one context-parallel attention; saves ``rank<r>.pt``."""
     import torch.distributed as dist
 
-    t_enter = time.time()
     torch.set_num_threads(1)  # two processes on a shared CPU: one thread each
     lo = _loopback_name()
     if lo is not None:
@@ -210,7 +209,6 @@ def _worker(rank: int, world_size: int, port: int, cfg_dict: dict, out_dir: str,
     cfg = DPConfig(**cfg_dict)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world_size, timeout=datetime.timedelta(seconds=timeout))
-    t_joined = time.time()
     try:
         model = make_model(cfg)
         # what DistributedDataParallel does at start: every rank takes rank 0's parameters
@@ -246,7 +244,7 @@ def _worker(rank: int, world_size: int, port: int, cfg_dict: dict, out_dir: str,
         _, l, acc = merge_softmax_states(parts)
         torch.save({"rank": rank, "world_size": world_size, "losses": losses, "local_losses": local_losses,
                     "grads": grads, "params": {n: p.detach().clone() for n, p in model.named_parameters()},
-                    "seconds": seconds, "timeline": (t_enter, t_joined, time.time()), "attention": acc / l, "key_rows": (lo_k, hi_k)},
+                    "seconds": seconds, "attention": acc / l, "key_rows": (lo_k, hi_k)},
                    Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
