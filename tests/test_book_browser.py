@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import gzip
 import json
 import shutil
 import subprocess
@@ -19,10 +20,12 @@ import time
 import urllib.request
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 import pytest
 import websocket
+from websocket import WebSocketTimeoutException
 
 ROOT = Path(__file__).resolve().parents[1]
 SITE = ROOT / "_build" / "html"
@@ -34,6 +37,20 @@ CHROMIUM_FLAGS = [
 ]
 CHAPTER0 = "notebooks/00_setup_and_notation.html"
 TIMEOUT = 60.0  # seconds for any one page: load, typeset, fonts (a cold start takes ~2 s)
+# The two viewports every page is checked at: a desktop and a phone (390 CSS px is the
+# viewport of the common 6.1" phones; `mobile` makes Chromium honour <meta name=viewport>).
+DESKTOP = {"width": 1280, "height": 1000, "deviceScaleFactor": 1, "mobile": False}
+PHONE = {"width": 390, "height": 844, "deviceScaleFactor": 1, "mobile": True}
+# Every chapter page, loaded cold (HTTP cache disabled in the `page` fixture), transfers at
+# most this many bytes: everything it loads, headers included (1.5 MB, decimal megabytes),
+# with text gzip-compressed by the test server as by any real host (_QuietHandler). The
+# table also shows the uncompressed bytes; those are not held to the limit.
+PAGE_WEIGHT_LIMIT = 1_500_000
+# An output figure on a phone is shown at >= 75 % of its natural width: matplotlib's 10 pt
+# labels at 100 dpi are 13.9 px tall, so they stay >= 10.4 px (shrunk to a 358 px column the
+# widest figures had 5 px labels). The CSS shows them at 100 %.
+LEGIBLE_SCALE = 0.75
+WEIGHTS: dict[str, dict[str, int]] = {}  # page -> resource type -> bytes, for the table
 
 # Text nodes outside code and outside rendered math that still hold TeX delimiters,
 # and .math elements that MathJax did not replace: both mean math was left raw.
@@ -58,9 +75,69 @@ RAW_MATH_JS = r"""
     raw: raw, untypeset: untypeset,
     overflow: [...document.querySelectorAll('mjx-container[display="true"]')]
       .filter(c => c.scrollWidth > c.clientWidth + 1).map(c => c.textContent.slice(0, 40)),
+    icons: [...document.querySelectorAll('.fa, .fas, .fab, .far, .fa-solid, .fa-brands, .fa-regular')]
+      .filter(i => i.getClientRects().length && getComputedStyle(i, '::before').maskImage === 'none')
+      .map(i => i.className),
     title: document.title,
   });
 })()
+"""
+# At the current viewport: what a reader cannot see. A displayed equation (its mjx-math) or
+# an output figure must either lie inside the article column, or sit in a box that lies in
+# the column, scrolls horizontally (overflow-x auto/scroll and wider content) and paints the
+# scroll cue: the scroll-shadow gradients of book/theme/static/tfbook.css (the test checks the
+# computed style, not pixels; headless Chromium hides scrollbars, so the shadow is the cue).
+# The visible part of an equation must not run under its number "(N)". The page itself must
+# not scroll sideways. Figures: shown at >= LEGIBLE_SCALE of their natural width (phone only).
+# 1 px of slack everywhere for sub-pixel rounding.
+LAYOUT_JS = r"""
+((legibleScale) => {
+  const article = document.querySelector('article.bd-article') || document.body;
+  const col = article.getBoundingClientRect();
+  const inCol = r => r.left >= col.left - 1 && r.right <= col.right + 1;
+  const scrollBox = el => {
+    for (let e = el; e && e !== article; e = e.parentElement) {
+      if (/(auto|scroll)/.test(getComputedStyle(e).overflowX)) return e;
+    }
+    return null;
+  };
+  const cue = box => (getComputedStyle(box).backgroundImage.match(/gradient\(/g) || []).length >= 2;
+  const why = (content, el) => {
+    const r = content.getBoundingClientRect();
+    if (inCol(r)) return null;
+    const box = scrollBox(el);
+    if (!box) return `${Math.round(r.width)} px wide, column ${Math.round(col.width)} px, no scroll box`;
+    if (!inCol(box.getBoundingClientRect())) return 'its scroll box sticks out of the column';
+    if (box.scrollWidth <= box.clientWidth + 1) return 'clipped: its box does not scroll';
+    if (!cue(box)) return 'scrolls without a visible cue (no scroll shadow)';
+    return null;
+  };
+  const equations = [];
+  for (const c of document.querySelectorAll('mjx-container[display="true"]')) {
+    const math = c.querySelector('mjx-math') || c;
+    let bad = why(math, c);
+    const eqno = c.parentElement.querySelector(':scope > .eqno');
+    if (!bad && eqno) {
+      const m = math.getBoundingClientRect(), b = (scrollBox(c) || c).getBoundingClientRect();
+      const n = eqno.getBoundingClientRect();
+      const right = Math.min(m.right, b.right), left = Math.max(m.left, b.left);
+      const overlap = right > n.left + 1 && left < n.right - 1 && m.bottom > n.top && m.top < n.bottom;
+      if (overlap) bad = 'runs under its number ' + eqno.textContent.replace('#', '').trim();
+    }
+    if (bad) equations.push(c.textContent.slice(0, 40) + ': ' + bad);
+  }
+  const figures = [];
+  for (const img of document.querySelectorAll('.cell_output img')) {
+    if (!img.naturalWidth) { figures.push(img.src.split('/').pop() + ': not loaded'); continue; }
+    let bad = why(img, img);
+    const scale = img.getBoundingClientRect().width / img.naturalWidth;
+    if (!bad && legibleScale && scale < legibleScale - 0.005)
+      bad = `shown at ${Math.round(scale * 100)} % of its ${img.naturalWidth} px`;
+    if (bad) figures.push(img.src.split('/').pop().slice(0, 12) + ': ' + bad);
+  }
+  return JSON.stringify({equations, figures,
+    pageOverflow: document.documentElement.scrollWidth - window.innerWidth});
+})
 """
 TYPESET_DONE_JS = """
 new Promise((resolve, reject) => {
@@ -77,8 +154,31 @@ new Promise((resolve, reject) => {
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):
+    """Serves the site like a real host (GitHub Pages, any CDN): text gzip-compressed when the
+    browser accepts it, so the page weights below are the bytes a reader's link carries."""
+
+    COMPRESSIBLE = (".html", ".js", ".css", ".svg", ".json", ".txt", ".xml")
+
     def log_message(self, *args):  # keep pytest output clean
         pass
+
+    def do_GET(self):
+        path = Path(self.translate_path(self.path))
+        if (not path.is_file() or not path.name.endswith(self.COMPRESSIBLE)
+                or "gzip" not in self.headers.get("Accept-Encoding", "")):
+            return super().do_GET()
+        body = _gzipped(path, path.stat().st_mtime_ns)
+        self.send_response(200)
+        self.send_header("Content-Type", self.guess_type(str(path)))
+        self.send_header("Content-Encoding", "gzip")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@functools.lru_cache(maxsize=512)
+def _gzipped(path: Path, mtime_ns: int) -> bytes:
+    return gzip.compress(path.read_bytes(), compresslevel=6, mtime=0)
 
 
 @pytest.fixture(scope="module")
@@ -157,10 +257,11 @@ def page():
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as resp:
             targets = [t for t in json.load(resp) if t["type"] == "page"]
         devtools = DevTools(targets[0]["webSocketDebuggerUrl"])
-        for domain in ("Page", "Network", "Runtime"):
+        for domain in ("Page", "Network", "Runtime", "Log"):
             devtools.call(f"{domain}.enable")
-        devtools.call("Emulation.setDeviceMetricsOverride", width=1280, height=1000,
-                      deviceScaleFactor=1, mobile=False)
+        # every visit is a cold load, as in a fresh profile: what the page weighs on a slow link
+        devtools.call("Network.setCacheDisabled", cacheDisabled=True)
+        devtools.call("Emulation.setDeviceMetricsOverride", **DESKTOP)
         yield devtools
         devtools.close()
     finally:
@@ -172,13 +273,85 @@ def page():
         shutil.rmtree(profile, ignore_errors=True)
 
 
-def visit(page: DevTools, url: str) -> tuple[dict, list[str], list[str]]:
-    """Load `url`, wait for math and fonts; return (math report, request URLs, failures)."""
+class Visit(NamedTuple):
+    report: dict          # RAW_MATH_JS
+    requests: list[str]   # every URL requested
+    failures: list[str]   # HTTP errors and failed loads
+    weight: dict[str, int]  # transferred bytes per resource type (Document, Script, Font, ...)
+    raw: int              # the same resources uncompressed (what they take on disk)
+    errors: list[str]     # uncaught exceptions, console.error, browser errors
+
+
+def settle(page: DevTools, start: int, quiet: float = 0.3) -> None:
+    """Read events until no request is in flight and none came for `quiet` seconds."""
+    deadline = time.monotonic() + TIMEOUT
+    page.ws.settimeout(quiet)
+    try:
+        while time.monotonic() < deadline:
+            try:
+                page.events.append(json.loads(page.ws.recv()))
+                continue
+            except WebSocketTimeoutException:
+                pass
+            events = page.events[start:]
+            sent = {e["params"]["requestId"] for e in events if e.get("method") == "Network.requestWillBeSent"
+                    and not e["params"]["request"]["url"].startswith("data:")}
+            done = {e["params"]["requestId"] for e in events
+                    if e.get("method") in ("Network.loadingFinished", "Network.loadingFailed")}
+            if sent <= done:
+                return
+        raise TimeoutError(f"requests still in flight after {TIMEOUT} s")
+    finally:
+        page.ws.settimeout(TIMEOUT)
+
+
+def page_errors(events: list[dict]) -> list[str]:
+    """Uncaught exceptions, console.error/assert and browser-logged errors among `events`."""
+    errors = []
+    for e in events:
+        method, params = e.get("method"), e.get("params", {})
+        if method == "Runtime.exceptionThrown":
+            d = params["exceptionDetails"]
+            errors.append(d.get("exception", {}).get("description", d.get("text", "")).splitlines()[0])
+        elif method == "Runtime.consoleAPICalled" and params["type"] in ("error", "assert"):
+            errors.append("console.error: " + " ".join(str(a.get("value", a.get("description", "")))
+                                                       for a in params["args"]))
+        elif method == "Log.entryAdded" and params["entry"]["level"] == "error" \
+                and not params["entry"].get("url", "").endswith("/favicon.ico"):
+            errors.append(f"{params['entry']['source']}: {params['entry']['text']}")
+    return errors
+
+
+def raw_bytes(events: list[dict]) -> int:
+    """Decoded (uncompressed) bytes of the resources, the favicon left out."""
+    favicon = {e["params"]["requestId"] for e in events if e.get("method") == "Network.requestWillBeSent"
+               and e["params"]["request"]["url"].endswith("/favicon.ico")}
+    return sum(int(e["params"]["dataLength"]) for e in events
+               if e.get("method") == "Network.dataReceived" and e["params"]["requestId"] not in favicon)
+
+
+def weigh(events: list[dict]) -> dict[str, int]:
+    """Bytes transferred per resource type (headers included), the favicon left out."""
+    kind = {e["params"]["requestId"]: e["params"].get("type", "Other") for e in events
+            if e.get("method") == "Network.responseReceived"
+            and not e["params"]["response"]["url"].endswith("/favicon.ico")}
+    weight: dict[str, int] = {}
+    for e in events:
+        if e.get("method") == "Network.loadingFinished" and e["params"]["requestId"] in kind:
+            t = kind[e["params"]["requestId"]]
+            weight[t] = weight.get(t, 0) + int(e["params"]["encodedDataLength"])
+    return weight
+
+
+def visit(page: DevTools, url: str, math: bool = True) -> Visit:
+    """Load `url` cold, wait for math, fonts and the network to go quiet; report on it."""
     start = len(page.events)
     page.call("Page.navigate", url=url)
     page.wait_for("Page.loadEventFired", after=start)
-    page.evaluate(TYPESET_DONE_JS, await_promise=True)
+    if math:
+        page.evaluate(TYPESET_DONE_JS, await_promise=True)
     report = json.loads(page.evaluate(RAW_MATH_JS))
+    settle(page, start)
     events = page.events[start:]
     requests = [e["params"]["request"]["url"] for e in events if e.get("method") == "Network.requestWillBeSent"]
     failures = [
@@ -191,7 +364,18 @@ def visit(page: DevTools, url: str) -> tuple[dict, list[str], list[str]]:
         if e.get("method") == "Network.loadingFailed" and not e["params"].get("canceled")
     ]
     failures = [f for f in failures if "/favicon.ico" not in f]  # the browser asks for it on its own
-    return report, requests, failures
+    return Visit(report, requests, failures, weigh(events), raw_bytes(events), page_errors(events))
+
+
+def resize(page: DevTools, metrics: dict) -> None:
+    """Switch the viewport and wait for two frames, so layout and the theme's scripts caught up."""
+    page.call("Emulation.setDeviceMetricsOverride", **metrics)
+    page.evaluate("new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => r(1))))",
+                  await_promise=True)
+
+
+def layout(page: DevTools, legible_scale: float | None) -> dict:
+    return json.loads(page.evaluate(f"{LAYOUT_JS}({json.dumps(legible_scale)})"))
 
 
 def screenshot(page: DevTools, name: str) -> Path:
@@ -228,8 +412,10 @@ def toc_chapters() -> list[str]:
     ],
 )
 def test_page_renders_math_offline(server, page, path, shot, min_containers):
-    report, requests, failures = visit(page, f"{server}/{path}")
-    png = screenshot(page, shot)
+    resize(page, DESKTOP)
+    report, requests, failures, weight, raw, errors = visit(page, f"{server}/{path}")
+    WEIGHTS[path] = {**weight, "uncompressed": raw}
+    png = screenshot(page, f"{shot}-{DESKTOP['width']}")
     assert png.stat().st_size > 10_000, f"{png} is suspiciously small: blank page?"
     assert report["containers"] >= min_containers, f"{path}: MathJax rendered {report['containers']} formulas"
     assert report["merrors"] == [], f"{path}: MathJax errors {report['merrors']}"
@@ -237,10 +423,155 @@ def test_page_renders_math_offline(server, page, path, shot, min_containers):
     assert report["raw"] == [], f"{path}: raw TeX delimiters in the text {report['raw']}"
     assert report["overflow"] == [], \
         f"{path}: displayed equations wider than the column (break them with aligned) {report['overflow']}"
-    assert any(u.endswith("tex-chtml.js") or "/mathjax/tex-chtml.js" in u for u in requests), \
+    assert any("/_static/mathjax/startup.js" in u for u in requests) \
+        and any("/_static/mathjax/output/chtml.js" in u for u in requests), \
         f"{path}: the vendored MathJax was not loaded"
     assert off_host(requests) == [], f"{path}: requests left 127.0.0.1: {off_host(requests)}"
     assert failures == [], f"{path}: failed requests {failures}"
+    assert errors == [], f"{path}: the page raised errors {errors}"
+    assert report["icons"] == [], f"{path}: icons missing from tfbook-icons.css (ICONS in book/_ext/tfbook_theme.py) {report['icons']}"
+    assert sum(weight.values()) <= PAGE_WEIGHT_LIMIT or not path.startswith("notebooks/"), \
+        f"{path}: weighs {sum(weight.values()):,} bytes cold (limit {PAGE_WEIGHT_LIMIT:,}): {weight}"
+    # the same page at both widths: equations and figures visible in full, or in a scroll box with a cue
+    desktop = layout(page, None)
+    assert desktop["equations"] == [] and desktop["figures"] == [], f"{path} at 1280 px: {desktop}"
+    resize(page, PHONE)
+    phone = layout(page, LEGIBLE_SCALE)
+    screenshot(page, f"{shot}-{PHONE['width']}")
+    # for a person to look at: the first box that scrolls (a wide equation or figure) in view
+    if page.evaluate("""(() => { const b = [...document.querySelectorAll(
+          'mjx-container[display="true"], div.cell_output:has(img)')].find(e => e.scrollWidth > e.clientWidth + 1);
+        if (b) { b.scrollIntoView({block: 'center'}); } return !!b; })()"""):
+        screenshot(page, f"{shot}-{PHONE['width']}-scroll-box")
+        page.evaluate("window.scrollTo(0, 0)")
+    resize(page, DESKTOP)
+    assert phone["equations"] == [], f"{path} at 390 px: equations not fully visible {phone['equations']}"
+    assert phone["figures"] == [], f"{path} at 390 px: figures {phone['figures']}"
+    assert phone["pageOverflow"] <= 1, f"{path} at 390 px: the page scrolls sideways by {phone['pageOverflow']} px"
+
+
+def test_page_weights_table(capsys):
+    """Print the cold weight of every page checked above (bytes, per resource type)."""
+    if not WEIGHTS:
+        pytest.skip("no page was weighed (run the whole module)")
+    kinds = sorted({k for w in WEIGHTS.values() for k in w} - {"uncompressed"})
+    total = {p: sum(v for k, v in w.items() if k != "uncompressed") for p, w in WEIGHTS.items()}
+    header = f"{'page':<44}{'transferred':>12}" + "".join(f"{k:>11}" for k in kinds) + f"{'uncompressed':>14}"
+    lines = [header, "-" * len(header)] + [
+        f"{p:<44}{total[p]:>12,}" + "".join(f"{w.get(k, 0):>11,}" for k in kinds) + f"{w['uncompressed']:>14,}"
+        for p, w in WEIGHTS.items()]
+    table = "\n".join(lines)
+    (ROOT / "_build").mkdir(exist_ok=True)
+    (ROOT / "_build" / "page_weights.txt").write_text(table + "\n", encoding="utf-8")
+    with capsys.disabled():
+        print(f"\n\nCold page weights, bytes (transferred gzip-compressed like a real host, per resource type;"
+              f" limit {PAGE_WEIGHT_LIMIT:,} per chapter page):\n{table}\n")
+    heavy = {p: t for p, t in total.items() if t > PAGE_WEIGHT_LIMIT and p.startswith("notebooks/")}
+    assert heavy == {}, f"pages over {PAGE_WEIGHT_LIMIT:,} bytes:\n{table}"
+
+
+def test_search_page_loads_the_index_and_raises_nothing(server, page):
+    """searchindex.js left the other pages: search.html loads it itself and finds a word."""
+    resize(page, DESKTOP)
+    visit_ = visit(page, f"{server}/search.html?q=attention", math=False)
+    assert any(u.split("?")[0].endswith("/searchindex.js") for u in visit_.requests), visit_.requests
+    assert visit_.errors == [], visit_.errors
+    deadline = time.monotonic() + TIMEOUT
+    while not page.evaluate("document.querySelectorAll('#search-results li').length"):
+        assert time.monotonic() < deadline, "search.html found nothing for 'attention'"
+        time.sleep(0.1)
+
+
+def test_chapter_page_has_one_search_box_and_no_search_index(server, page):
+    resize(page, DESKTOP)
+    v = visit(page, f"{server}/{CHAPTER0}")
+    assert not [u for u in v.requests if "searchindex" in u or "searchtools" in u], v.requests
+    assert v.errors == [], v.errors
+    # one search box in view at 1280 px: the sidebar's (pydata's header bar had a second one)
+    fields = page.evaluate("[...document.querySelectorAll('.search-button-field, .bd-search')]"
+                           ".filter(e => e.getClientRects().length && getComputedStyle(e).visibility !== 'hidden'"
+                           " && !e.closest('dialog')).length")
+    assert fields == 1, f"{fields} search boxes visible on chapter 0 at 1280 px"
+
+
+# The toggles of the primary sidebar (site navigation) and of the secondary one (the page's
+# contents). On a phone each opens its drawer (a modal <dialog>); at 1280 px the primary
+# sidebar is shown and its toggle hides and shows it, and the contents are always shown.
+# "Visible" is checked where the reader looks: a link of the sidebar is the element found at
+# its own centre (nothing covers it) and lies inside the viewport.
+VISIBLE_LINK_JS = r"""
+((selector) => {
+  const links = [...document.querySelectorAll(selector)].filter(a => a.getClientRects().length);
+  return links.some(a => {
+    const r = a.getBoundingClientRect();
+    if (r.width < 1 || r.right <= 0 || r.left >= innerWidth || r.bottom <= 0 || r.top >= innerHeight) return false;
+    const hit = document.elementFromPoint(Math.min(r.left + r.width / 2, innerWidth - 1), Math.min(r.top + r.height / 2, innerHeight - 1));
+    return !!hit && (hit === a || a.contains(hit));
+  });
+})
+"""
+PRIMARY_LINKS = "nav.bd-docs-nav a.reference"
+SECONDARY_LINKS = "nav.page-toc a.reference, .bd-toc-nav a.reference"
+
+
+def link_visible(page: DevTools, selector: str) -> bool:
+    return page.evaluate(f"{VISIBLE_LINK_JS}({json.dumps(selector)})")
+
+
+def click(page: DevTools, selector: str) -> None:
+    """A real mouse click at the centre of the one visible element matching `selector`."""
+    boxes = json.loads(page.evaluate(
+        f"JSON.stringify([...document.querySelectorAll({json.dumps(selector)})]"
+        ".filter(e => e.getClientRects().length && e.getBoundingClientRect().width > 0)"
+        ".map(e => {{ const r = e.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; }}))"))
+    assert len(boxes) == 1, f"{len(boxes)} visible elements match {selector}"
+    for kind in ("mousePressed", "mouseReleased"):
+        page.call("Input.dispatchMouseEvent", type=kind, x=boxes[0][0], y=boxes[0][1], button="left", clickCount=1)
+    time.sleep(0.4)  # the sidebar's slide/fade transition
+
+
+def press_escape(page: DevTools) -> None:
+    for kind in ("keyDown", "keyUp"):
+        page.call("Input.dispatchKeyEvent", type=kind, key="Escape", code="Escape", windowsVirtualKeyCode=27)
+    time.sleep(0.3)
+
+
+NAV_CHAPTER = "notebooks/07_positional_information.html"
+
+
+def test_navigation_on_a_phone(server, page):
+    resize(page, PHONE)
+    try:
+        v = visit(page, f"{server}/{NAV_CHAPTER}")
+        assert v.errors == [], v.errors
+        start = len(page.events)
+        assert not link_visible(page, PRIMARY_LINKS), "the site navigation shows before ☰ was pressed"
+        click(page, ".primary-toggle")
+        assert link_visible(page, PRIMARY_LINKS), "☰ did not open the site navigation"
+        screenshot(page, "07_positional_information-390-menu-open")
+        press_escape(page)
+        assert not link_visible(page, PRIMARY_LINKS), "Escape did not close the site navigation"
+        assert not link_visible(page, SECONDARY_LINKS), "the contents show before their toggle was pressed"
+        click(page, ".secondary-toggle")
+        assert link_visible(page, SECONDARY_LINKS), "the contents toggle did not open the page's contents"
+        screenshot(page, "07_positional_information-390-contents-open")
+        press_escape(page)
+        assert not link_visible(page, SECONDARY_LINKS), "Escape did not close the page's contents"
+        assert page_errors(page.events[start:]) == [], "the toggles raised errors"
+    finally:
+        resize(page, DESKTOP)
+
+
+def test_navigation_on_a_desktop(server, page):
+    resize(page, DESKTOP)
+    v = visit(page, f"{server}/{NAV_CHAPTER}")
+    assert v.errors == [], v.errors
+    assert link_visible(page, PRIMARY_LINKS), "no site navigation at 1280 px"
+    assert link_visible(page, SECONDARY_LINKS), "no page contents at 1280 px"
+    click(page, ".primary-toggle")
+    assert not link_visible(page, PRIMARY_LINKS), "☰ did not hide the site navigation"
+    click(page, ".primary-toggle")
+    assert link_visible(page, PRIMARY_LINKS), "☰ did not bring the site navigation back"
 
 
 def test_site_root_opens_the_landing_page(server, page):

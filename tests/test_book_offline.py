@@ -108,14 +108,33 @@ def test_mathjax_is_the_vendored_copy(edition):
     site = SITES[edition]
     pages(site)
     mathjax = site / "_static" / "mathjax"
-    assert (mathjax / "tex-chtml.js").is_file(), "vendored MathJax missing from _static/mathjax"
+    # the components the pages load (_config.yml: mathjax_path and mathjax3_config.loader)
+    for component in ("startup.js", "core.js", "input/tex.js", "output/chtml.js",
+                      "output/chtml/fonts/tex.js", "a11y/assistive-mml.js"):
+        assert (mathjax / component).is_file(), f"vendored MathJax component {component} missing"
     fonts = list((mathjax / "output" / "chtml" / "fonts" / "woff-v2").glob("*.woff"))
     assert len(fonts) >= 20, f"only {len(fonts)} MathJax fonts vendored"
     page = (site / "book" / "notation.html").read_text(encoding="utf-8")
     mathjax_scripts = [s for s in scripts_of(page) if "mathjax" in s.lower()]
     # exactly one MathJax script: a static folder named _static at the book root would
     # make Jupyter Book add every .js under it (all MathJax components) to every page
-    assert len(mathjax_scripts) == 1 and "_static/mathjax/tex-chtml.js" in mathjax_scripts[0], mathjax_scripts
+    assert len(mathjax_scripts) == 1 and "_static/mathjax/startup.js" in mathjax_scripts[0], mathjax_scripts
+
+
+@pytest.mark.parametrize("edition", sorted(SITES))
+def test_pages_skip_the_heavy_theme_assets(edition):
+    """No page loads fontawesome.js (1.5 MB) or, but search.html, the search index."""
+    site = SITES[edition]
+    offenders = {}
+    for p in pages(site):
+        if "_static" in p.relative_to(site).parts:  # theme files (webpack-macros.html), not pages
+            continue
+        scripts = scripts_of(p.read_text(encoding="utf-8"))
+        heavy = [s for s in scripts if "fontawesome" in s
+                 or (p.name != "search.html" and ("searchindex" in s or "searchtools" in s))]
+        if heavy:
+            offenders[str(p.relative_to(site))] = heavy
+    assert offenders == {}, f"{edition}: {offenders}"
 
 
 def test_remote_resource_finder_can_fail():
