@@ -102,9 +102,9 @@ def alibi_bias(T_q, T_k, slopes, causal=True):
     j = np.arange(T_k)[None, :]
     dist = (i - j).astype(np.float64)                    # (T_q, T_k): how far back key j is
     if causal:
-        bias = -slopes[:, None, None] * dist
+        bias = -slopes[:, None, None] * dist + 0.0          # + 0.0 turns -0.0 into 0.0
         return np.where(dist[None] < 0, -np.inf, bias)
-    return -slopes[:, None, None] * np.abs(dist)
+    return -slopes[:, None, None] * np.abs(dist) + 0.0
 
 
 def t5_relative_bucket(relative_position, bidirectional=True, num_buckets=32, max_distance=128):
