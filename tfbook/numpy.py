@@ -992,6 +992,9 @@ def blocked_attention(Q, K, V, mask=None, scale=None):
     without subtracting their maximum (the same softmax, one pass fewer); any row
     where that overflows or underflows is recomputed the textbook way, with the
     row maximum subtracted (:func:`softmax`), so logits of +-1e4 are safe.
+    While the query blocks run on threads, BLAS is pinned to one thread
+    (:func:`tfbook.measure.threads` with ``include_torch=False``) so that its own
+    threads do not compete with ours.
     """
     Q, K, V, mask = _check_attention_args(Q, K, V, mask)
     batch = _v.broadcast_batch({"Q": Q.shape[:-2], "K": K.shape[:-2], "V": V.shape[:-2]})
