@@ -150,6 +150,23 @@ def test_no_solutions_in_the_course_book():
     assert found == [], "\n".join(found[:20])
 
 
+def _repository_url() -> str:
+    import yaml
+
+    config = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
+    return str(config["repository"]["url"]).rstrip("/")
+
+
+def test_course_book_does_not_name_the_repository():
+    """The repository holds the solutions: no course page or download links to it (the
+    Colab snippet of the first code cell is stripped there); the public book does."""
+    url = _repository_url().split("://", 1)[1]          # also catches git+https://...
+    course = [page for page, text in site_texts("course").items() if url in text]
+    assert course == [], f"{len(course)} course pages name {url}: {course[:5]}"
+    assert any(url in text for text in site_texts("public").values()), \
+        f"positive control: the public book should name {url}"
+
+
 def test_leak_search_can_fail(tmp_path):
     """A page with a hidden-test line in highlighted HTML is caught."""
     page = tmp_path / "p.html"

@@ -21,7 +21,9 @@ course
     ``## Exercises`` heading onwards loses its outputs, so no output of a solution
     cell, a test cell or a cell that reveals a "predict, then verify" answer is shown;
     the site has no launch, repository or issue buttons (the repository holds the
-    solutions), only the download button for the staged notebook.
+    solutions), only the download button for the staged notebook, and the first
+    code cell loses its Colab install snippet (tools/colab_cell.py), which names the
+    repository.
 
 ``jupyter-book build`` of the stage then renders the site. The sources in the
 repository are never modified.
@@ -40,6 +42,9 @@ import yaml
 from nbgrader.preprocessors import ClearHiddenTests, ClearSolutions
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+from colab_cell import strip_snippet  # noqa: E402  (tools/ is not a package)
+
 SOLUTION_PROMPT_SHOW = "Show solution"
 SOLUTION_PROMPT_HIDE = "Hide solution"
 TITLE_NUMBER = re.compile(r"^(#\s+)\d{1,2}\.?\s+(?=\S)")
@@ -124,6 +129,9 @@ def transform_course(nb):
     """Replace solutions by stubs, strip hidden tests, clear exercise outputs (in place)."""
     nb, _ = ClearHiddenTests().preprocess(nb, {})
     nb, _ = ClearSolutions().preprocess(nb, {})
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.source = strip_snippet(cell.source)
     in_exercises = False
     for cell in nb.cells:
         if cell.cell_type == "markdown" and EXERCISES_HEADING.search(cell.source):
@@ -152,6 +160,16 @@ def course_config(path: Path) -> None:
 
 TRANSFORMS = {"public": transform_public, "course": transform_course}
 
+# Blocks of the prose pages in book/ written for one edition only, between
+# `<!-- public-only -->` and `<!-- /public-only -->` (or course-only): the other
+# edition's stage drops them, markers included.
+EDITION_BLOCK = re.compile(r"<!-- (public|course)-only -->\n.*?<!-- /\1-only -->\n?", re.DOTALL)
+
+
+def keep_edition(text: str, mode: str) -> str:
+    """``text`` without the blocks written for the other edition."""
+    return EDITION_BLOCK.sub(lambda m: m.group(0) if m.group(1) == mode else "", text)
+
 
 def stage(mode: str, out: Path, notebooks: Path, root: Path = ROOT) -> list[Path]:
     """Build the stage folder; return the staged notebooks."""
@@ -170,6 +188,8 @@ def stage(mode: str, out: Path, notebooks: Path, root: Path = ROOT) -> list[Path
         course_config(out / "_config.yml")
     ignore = shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", "_build")
     shutil.copytree(root / "book", out / "book", ignore=ignore)
+    for page in (out / "book").rglob("*.md"):
+        page.write_text(keep_edition(page.read_text(encoding="utf-8"), mode), encoding="utf-8")
     shutil.copytree(vendor, out / "_vendor", ignore=ignore)
     shutil.copytree(notebooks, out / "notebooks", ignore=ignore)
 
