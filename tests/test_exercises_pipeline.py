@@ -26,7 +26,7 @@ from tfbook import course, course_demo, course_sandbox
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTER = course_demo.CH0
 MASTER = ROOT / "notebooks" / f"{CHAPTER}.ipynb"
-CELL_TIMEOUT = 8  # seconds per cell: long enough for importing torch, short for the looping students
+CELL_TIMEOUT = 20  # seconds per cell: chapter 7's longest cell on a busy CI machine; the loopers wait it out
 
 pytestmark = pytest.mark.skipif(not MASTER.exists(), reason="chapter 0 not written yet")
 needs_bwrap = pytest.mark.skipif(bool(course_sandbox.available()),
@@ -107,17 +107,18 @@ def graded(released, tmp_path_factory):
     outside = [ROOT / "_build" / f"tfbook-attack-{tag}.txt", out / f"attack-{tag}.txt",
                Path("/tmp") / f"tfbook-attack-{tag}.txt"]
     start = time.perf_counter()
-    rows = course.grade(subs, out=out, timeout=CELL_TIMEOUT, total_timeout=120, verbose=False)
+    rows = course.grade(subs, out=out, timeout=CELL_TIMEOUT, total_timeout=180, verbose=False)
     seconds = time.perf_counter() - start
     server.close()
     after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(subs.rglob("*"))
              if p.is_file()}
+    load = os.getloadavg()[1]  # over the last 5 minutes, the grading's own 2 jobs included
     left = _processes_with(f"tfbook-detached-{tag}")
     written = [p for p in outside if p.exists()]
     for p in written:
         p.unlink()
     return {"rows": rows, "out": out, "before": before, "after": after, "expected": expected,
-            "left": left, "written": written, "seconds": seconds, "tag": tag}
+            "left": left, "written": written, "seconds": seconds, "tag": tag, "load": load}
 
 
 @needs_bwrap
@@ -203,9 +204,12 @@ def test_exercise_table_and_plot(graded):
 def test_speed(graded):
     times = [r.seconds for r in graded["rows"] if r.seconds]
     median = statistics.median(times)
+    load = graded["load"]
     print(f"graded {len(times)} notebooks in {graded['seconds']:.0f} s: median {median:.1f} s, "
-          f"max {max(times):.1f} s per notebook")
-    assert median <= 8.0, times  # 6 s on an idle 2-core machine; CI runs another worker beside
+          f"max {max(times):.1f} s per notebook (load average {load:.1f} on {os.cpu_count()} cores)")
+    if load > 1.5 * (os.cpu_count() or 1):
+        pytest.skip(f"the machine was busy with other work (load {load:.1f}): timing not comparable")
+    assert median <= 6.0, times
 
 
 def test_hide_hidden_tests_scrubs_tracebacks():
@@ -221,3 +225,18 @@ def test_hide_hidden_tests_scrubs_tracebacks():
     assert "secret_value" not in text
     assert "HIDDEN" not in nb.cells[0].source and course.HIDDEN_PLACEHOLDER in nb.cells[0].source
     assert nb.cells[0].outputs[0]["traceback"] == ["AssertionError: "]
+
+
+@needs_bwrap
+def test_check_command_gives_the_graders_messages(graded, capsys):
+    from tfbook import course_grade
+
+    sub = next(p for p in graded["before"] if p.parts[-3] == "ben_wrong" and p.parts[-2] == CHAPTER)
+    failed = course_grade.check_notebook(sub, timeout=60)
+    printed = capsys.readouterr().out
+    assert failed == 3
+    row = next(r for r in graded["rows"] if (r.student, r.assignment) == ("ben_wrong", CHAPTER))
+    crosses = [line.strip() for line in printed.splitlines() if line.strip().startswith("✘")]
+    assert len(crosses) == 3
+    for line in crosses:
+        assert line in row.reason  # the same words locally and in grades.csv

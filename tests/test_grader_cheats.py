@@ -53,24 +53,16 @@ def cheats(tmp_path_factory):
     out = tmp_path_factory.mktemp("out")
     course_demo.make_class(subs, rel, out, "cheats", 9, names=list(CHEATS))
     master = nbformat.read(str(MASTER), as_version=4)
-    old = {s: _shared_kernel_points(nbformat.read(str(subs / s / CH0 / f"{CH0}.ipynb"), as_version=4), master)
-           for s in CHEATS}
-    rows = course.grade(subs, out=out, timeout=20, total_timeout=120, verbose=False,
-                        use_sandbox=None if not course_sandbox.available() else False)
-    return old, {r.student: r for r in rows}
+    return {s: _shared_kernel_points(nbformat.read(str(subs / s / CH0 / f"{CH0}.ipynb"), as_version=4), master)
+            for s in CHEATS}
 
 
 def test_cheats_beat_a_shared_kernel(cheats):
-    old, _ = cheats
-    assert old["cheat_rebind"] == 7  # full marks, no work
-    assert old["cheat_transformer"] == 7  # every later cell became `pass`
-    assert old["cheat_failpatch"] >= 3  # the visible checks stopped failing
-
-
-def test_cheats_score_nothing_here(cheats):
-    _, rows = cheats
-    for s in CHEATS:
-        assert rows[s].score == 0, (s, rows[s].reason)
+    # tests/test_exercises_pipeline.py grades the same notebooks: 0 points each
+    assert course_demo.EXPECTED["cheat_rebind"][CH0][0] == 0
+    assert cheats["cheat_rebind"] == 7  # full marks, no work
+    assert cheats["cheat_transformer"] == 7  # every later cell became `pass`
+    assert cheats["cheat_failpatch"] >= 3  # the visible checks stopped failing, all answers wrong
 
 
 def test_hidden_diagnosis_names_a_property_only():

@@ -46,9 +46,9 @@ def test_attacks_succeed_without_the_sandbox(tmp_path):
     server.bind(("127.0.0.1", 0))
     server.listen(16)
     subs, out = tmp_path / "subs", tmp_path / "out"
-    names = ["ada_correct", *course_demo.ATTACKS]
-    course_demo.make_class(subs, rel, out, tag, server.getsockname()[1], names=names)
-    victim = subs / "ada_correct" / CH0 / f"{CH0}.ipynb"
+    course_demo.make_class(subs, rel, out, tag, server.getsockname()[1], names=list(course_demo.ATTACKS),
+                           victims=tmp_path / "classmates")
+    victim = tmp_path / "classmates" / "ben_wrong" / CH0 / f"{CH0}.ipynb"  # atk_classmate_write's
     victim.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
     before = victim.read_bytes()
     marker_checkout = ROOT / "_build" / f"tfbook-attack-{tag}.txt"

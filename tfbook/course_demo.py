@@ -50,7 +50,7 @@ except Exception:
     # overwrite a classmate's original file
     "atk_classmate_write": """ok = False
 try:
-    with open({victim!r}, "w") as _f:
+    with open({victim_write!r}, "w") as _f:
         _f.write("{{}}")
     ok = True
 except OSError:
@@ -219,15 +219,22 @@ def _write(subs: Path, student: str, assignment: str, nb) -> Path:
 
 
 def make_class(subs: Path, released: dict[str, Path], out: Path, tag: str, port: int,
-               names: list[str] | None = None) -> dict:
-    """Write the class into ``subs``; return {student: {assignment: expected}} for those written."""
+               names: list[str] | None = None, victims: Path | None = None) -> dict:
+    """Write the class into ``subs``; return {student: {assignment: expected}} for those written.
+
+    ``names`` picks students; the attacks' victims (ada_correct, ben_wrong) are classmates
+    in ``subs`` unless ``victims`` names another folder, where their notebooks are then
+    written (not graded)."""
     masters = {a: nbformat.read(str(ROOT / "notebooks" / f"{a}.ipynb"), as_version=4)
                for a in (CH0, CH4, CH7)}
     students = {a: nbformat.read(str(released[a]), as_version=4) for a in (CH0, CH4, CH7) if a in released}
     right = {a: solutions(m) for a, m in masters.items()}
     r0 = right[CH0]
-    victim = subs / "ada_correct" / CH0 / f"{CH0}.ipynb"
-    ctx = {"root": str(ROOT), "victim": str(victim), "out": str(out), "tag": tag, "port": port}
+    home = Path(victims) if victims is not None else subs
+    victim = home / "ada_correct" / CH0 / f"{CH0}.ipynb"
+    victim_write = home / "ben_wrong" / CH0 / f"{CH0}.ipynb"
+    ctx = {"root": str(ROOT), "victim": str(victim), "victim_write": str(victim_write), "out": str(out),
+           "tag": tag, "port": port}
     s0 = students[CH0]
     nbs: dict[str, dict] = {}
     nbs["ada_correct"] = {CH0: _answer(s0, r0)}
@@ -283,6 +290,9 @@ def make_class(subs: Path, released: dict[str, Path], out: Path, tag: str, port:
     nbs["leaky"] = {CH0: leak}
     for name, code in ATTACKS.items():
         nbs[name] = {CH0: _answer(s0, {**r0, "ex0-4-prediction": code.format(**ctx) + WIN})}
+    if victims is not None:
+        for student in ("ada_correct", "ben_wrong"):
+            _write(home, student, CH0, nbs[student][CH0])
     expected = {}
     for student, per in nbs.items():
         if names is not None and student not in names:

@@ -29,6 +29,7 @@ import queue
 import re
 import shutil
 import signal
+import stat
 import statistics
 import struct
 import subprocess
@@ -130,6 +131,7 @@ class Attempt:
     culprit: tuple | None = None  # ("cell", index, "timeout"|"crashed") / ("hidden", gid, ...)
     overall: bool = False
     error: str = ""
+    waited: float = 0.0  # seconds spent waiting for the judge to record the cases
 
 
 _ERROR_OK = re.compile(r"(missing|timeout|not a function|raised [A-Za-z_ ]{1,40}|"
@@ -250,7 +252,9 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, deadline
                 elif t == "visible-done":
                     a.visible_done = True
                     open_item, item_deadline = None, None
+                    t0 = time.monotonic()
                     hidden_calls = calls_for()
+                    a.waited += time.monotonic() - t0
                     wanted = {g: c for g, c in hidden_calls.items() if g not in job.get("skip_hidden", [])}
                     data = pickle.dumps(wanted)
                     threading.Thread(target=_writer, args=(proc.stdin, data), daemon=True).start()
@@ -278,6 +282,7 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, deadline
                 break
     finally:
         _kill(proc)
+        _append_driver_log(scratch / "driver.log", log)
     if not a.done and a.culprit is None and not a.overall:
         tail = log.read_bytes()[-400:].decode("utf-8", errors="replace") if log.exists() else ""
         if not a.records and not a.visible_done:
@@ -285,6 +290,25 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, deadline
         else:
             a.culprit = ("end", None, "crashed")
     return a
+
+
+def _append_driver_log(src: Path, log: Path, limit: int = 64 * 1024) -> None:
+    """The tail of what the sandbox wrote to its stderr, for the instructor's log. The file
+    is the student's: opened without following a symlink, and only if it is a plain file."""
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return
+        os.lseek(fd, max(st.st_size - limit, 0), os.SEEK_SET)
+        data = os.read(fd, limit)
+    finally:
+        os.close(fd)
+    with open(log, "ab") as f:
+        f.write(b"\n--- the sandbox's stderr (its last 64 KiB) ---\n" + data)
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -309,13 +333,19 @@ def _kill(proc: subprocess.Popen) -> None:
 class JudgeProxy:
     """A judge process for one assignment (started at once, prepared in the background)."""
 
+    EVALUATE_TIMEOUT = 300.0  # seconds the judge may take on one submission's data
+
     def __init__(self, master_path: Path, specs: Path):
+        self.args = (str(master_path), str(specs))
+        self.lock = threading.Lock()
+        self._start()
+
+    def _start(self) -> None:
         env = {**os.environ, "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1",
                "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "tfbook.course_judge", str(master_path),
-                                      str(specs)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-m", "tfbook.course_judge", *self.args],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, env=env, cwd=str(ROOT))
-        self.lock = threading.Lock()
         self._ready = None
 
     def ready(self) -> dict:
@@ -336,8 +366,16 @@ class JudgeProxy:
         r = self.ready()
         if "failed" in r:
             raise RuntimeError(f"the master notebook could not be run: {r['failed']}")
+        import select
+
         with self.lock:
             judge_mod._send(self.proc.stdin, (values, results))
+            if not select.select([self.proc.stdout], [], [], self.EVALUATE_TIMEOUT)[0]:
+                # one submission's data hung the judge: a fresh judge for the others
+                self.proc.kill()
+                self.proc.wait()
+                self._start()
+                raise RuntimeError(f"judging this submission took over {self.EVALUATE_TIMEOUT:g} s")
             status, payload = judge_mod._recv(self.proc.stdout)
         if status != "ok":
             raise RuntimeError(payload)
@@ -370,12 +408,13 @@ def grade_one(row: Row, path: Path, plan, judge: JudgeProxy, work: Path, *, time
     have = {judge_mod._nbgrader(c).get("grade_id") for c in sub.cells}
     deleted = [g for g in plan.order if g not in have]
     job = {"cells": cells, "timeout": timeout, "skip": [], "skip_hidden": []}
-    events, attempt = [], None
+    events, attempt, waited = [], None, 0.0
     for n in range(MAX_ATTEMPTS):
         row.attempts = n + 1
         attempt = run_attempt(job, work / "scratch", judge.calls, timeout=timeout, deadline=deadline,
                               use_bwrap=use_bwrap, limits=limits, nproc=nproc,
                               log=logs / f"{row.student}__{row.assignment}.run{n + 1}.log")
+        waited += attempt.waited
         if attempt.error:
             break
         c = attempt.culprit
@@ -393,7 +432,8 @@ def grade_one(row: Row, path: Path, plan, judge: JudgeProxy, work: Path, *, time
             break
         if n == MAX_ATTEMPTS - 1:
             break
-    row.seconds = time.monotonic() - start
+    # the notebook's own time: not the wait for the judge's one-off recording of the cases
+    row.seconds = time.monotonic() - start - waited
     row.notebook = path
     if attempt is None or attempt.error:
         row.status, row.reason = "error", (attempt.error if attempt else "not run")
@@ -586,6 +626,7 @@ def grade(submissions: Path, out: Path = ROOT / "_build" / "grades", timeout: fl
 
         with cf.ThreadPoolExecutor(max_workers=jobs) as pool:
             list(pool.map(work, enumerate(todo)))
+        judged = {a: j.ready().get("seconds") for a, j in judges.items()}
         for j in judges.values():
             j.close()
     if bar is not None:
@@ -604,17 +645,18 @@ def grade(submissions: Path, out: Path = ROOT / "_build" / "grades", timeout: fl
                              r.reason])
     course_report.write_exercise_table(rows, plans, out)
     if verbose:
-        course_report.print_summary(rows, time.perf_counter() - start, warning)
+        course_report.print_summary(rows, time.perf_counter() - start, warning, judged)
     return rows
 
 
 # --------------------------------------------------------------------------- check (students)
 
 
-def check_notebook(path: Path, timeout: float = 60, stream=sys.stdout) -> int:
+def check_notebook(path: Path, timeout: float = 60, stream=None) -> int:
     """Run a notebook and its visible tests here (no sandbox: it is the student's own code);
     print each test cell's messages; return the number of test cells that failed."""
     path = Path(path)
+    stream = stream or sys.stdout
     if not path.is_file():
         raise ValueError(f"{path} is not a file")
     nb = nbformat.reads(path.read_bytes().decode("utf-8"), as_version=4)

@@ -122,6 +122,13 @@ def _loaded_names(source: str) -> set[str]:
     return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
 
 
+def _last_section(markdown: str) -> str:
+    """The markdown from its last heading on (the exercise's own text)."""
+    lines = markdown.splitlines()
+    heads = [i for i, line in enumerate(lines) if line.lstrip().startswith("#")]
+    return "\n".join(lines[heads[-1]:] if heads else lines)
+
+
 @dataclass
 class TestCell:
     gid: str
@@ -170,7 +177,7 @@ def plan(master, assignment: str) -> Plan:
             last_answer = meta.get("grade_id")
             p.answers[last_answer] = cell.source
             defined.update(_bound_names(cell.source))
-            task = last_markdown
+            task = _last_section(last_markdown)
         elif meta.get("grade"):
             loaded = _loaded_names(cell.source)
             names = sorted((n, m) for n, m in defined.items() if n in loaded)

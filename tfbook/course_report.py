@@ -131,7 +131,7 @@ def write_exercise_table(rows, plans, out: Path) -> list[dict]:
     return table
 
 
-def print_summary(rows, seconds: float, warning: str, stream=None) -> None:
+def print_summary(rows, seconds: float, warning: str, judged: dict | None = None, stream=None) -> None:
     stream = stream or sys.stdout
     if warning:
         print("!" * 78 + f"\n{warning}\n" + "!" * 78, file=stream)
@@ -147,3 +147,6 @@ def print_summary(rows, seconds: float, warning: str, stream=None) -> None:
     if ts:
         print(f"{len(rows)} rows; {len(ts)} notebooks run: median {statistics.median(ts):.1f} s, "
               f"max {max(ts):.1f} s per notebook; {seconds:.1f} s in all", file=stream)
+    for a, t in (judged or {}).items():
+        if t is not None:
+            print(f"{a}: the master notebook ran once in the judge, {t:.1f} s", file=stream)

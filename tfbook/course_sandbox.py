@@ -163,24 +163,39 @@ def _own_process_count() -> int:
     return n
 
 
-def preexec(limits: Limits, processes: int):
-    """A preexec_fn setting the limits in the child before it execs the sandbox."""
+def preexec(limits: Limits, processes: int | None):
+    """A preexec_fn setting the limits in the child before it execs the sandbox.
+
+    In the sandbox every limit must hold (an error stops the child, and the row says the
+    sandbox did not start); without it (macOS) a limit the system refuses is skipped."""
+    strict = sys.platform == "linux"
+
+    def setlimit(kind, value):
+        try:
+            resource.setrlimit(kind, (value, value))
+        except (ValueError, OSError):
+            if strict:
+                raise
 
     def apply():
         os.setsid()
         if limits.memory_bytes is not None:
-            resource.setrlimit(resource.RLIMIT_DATA, (limits.memory_bytes, limits.memory_bytes))
-        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 5))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
+            setlimit(resource.RLIMIT_DATA, limits.memory_bytes)
+        setlimit(resource.RLIMIT_CPU, limits.cpu_seconds)
+        setlimit(resource.RLIMIT_FSIZE, limits.file_bytes)
+        setlimit(resource.RLIMIT_CORE, 0)
+        if processes is not None:
+            setlimit(resource.RLIMIT_NPROC, processes)
 
     return apply
 
 
-def nproc_limit(limits: Limits, jobs: int) -> int:
+def nproc_limit(limits: Limits, jobs: int) -> int | None:
     """RLIMIT_NPROC counts every process and thread of the user: as root the sandbox runs
-    as `nobody` (shared by the parallel jobs); otherwise as this user, who has others."""
+    as `nobody` (shared by the parallel jobs); otherwise as this user, who has others
+    (counted in /proc; without /proc, no limit)."""
+    if not os.path.isdir("/proc"):
+        return None
     if os.geteuid() == 0:
         return limits.processes * max(jobs, 1)
     return _own_process_count() + limits.processes * max(jobs, 1)
