@@ -2,8 +2,9 @@
 
 ``test_shipped_*`` are fast (seconds). ``test_retraining_reproduces_*`` are SLOW (about
 1 to 3 minutes each on a 2-core CPU): they retrain from scratch with the recipes in
-``tfbook.lm_tasks`` and compare with what ships. Bitwise equality is not expected across
-machines (float32 sums may be taken in another order), so they compare outcomes:
+``tfbook.tasks.addition`` and ``tfbook.tasks.corpus`` and compare with what ships. Bitwise
+equality is not expected across machines (float32 sums may be taken in another order), so
+they compare outcomes:
 
 * addition: held-out exact match within 1 percentage point of the shipped model and at
   least 99% (measured on the machine that wrote the weights: 100.0%); the first 5 losses
@@ -15,17 +16,13 @@ machines (float32 sums may be taken in another order), so they compare outcomes:
 
 import numpy as np
 
-from tfbook import lm_tasks as lt
-
-
-def _corpus_parts():
-    return lt.corpus_split3(lt.CORPUS_RECIPE["val_fraction"], lt.CORPUS_RECIPE["test_fraction"])
+from tfbook.tasks import addition, corpus
 
 
 def _bigram_bits(alpha=0.1):
     """Bigram table counted on the training part, scored on the test slice."""
-    tok, tr, _, te = _corpus_parts()
-    tr, te, V = tr.numpy(), te.numpy(), tok.vocab_size
+    tr, _, te = corpus.data()
+    tr, te, V = tr.numpy(), te.numpy(), corpus.tokenizer().vocab_size
     pairs = np.zeros((V, V)) + alpha
     np.add.at(pairs, (tr[:-1], tr[1:]), 1)
     q = pairs / pairs.sum(axis=1, keepdims=True)
@@ -33,34 +30,32 @@ def _bigram_bits(alpha=0.1):
 
 
 def _accuracy(model):
-    _, test = lt.addition_split(lt.ADDITION_RECIPE["n_train"], lt.ADDITION_RECIPE["n_test"])
-    return lt.exact_match(model, test, 8).double().mean().item()
+    return addition.evaluate(model, "test")
 
 
 def test_shipped_addition_meets_the_bar():
-    model, hist = lt.load_model("addition")
+    model, hist = addition.load_pretrained()
     assert _accuracy(model) >= 0.99
-    assert len(hist["loss"]) == lt.ADDITION_RECIPE["steps"]
+    assert len(hist["loss"]) == addition.RECIPE["steps"]
 
 
 def test_shipped_corpus_meets_the_bar():
-    model, hist = lt.load_model("corpus")
-    _, _, va, te = _corpus_parts()
+    model, hist = corpus.load_pretrained()
     # the early-stopping score, recomputed on the float16-rounded weights
-    assert abs(lt.bits_per_char(model, va) - min(hist["eval"])) < 0.01
-    assert lt.bits_per_char(model, te) < _bigram_bits()  # the bar, on the untouched test slice
+    assert abs(corpus.evaluate(model, "validation") - min(hist["eval"])) < 0.01
+    assert corpus.evaluate(model, "test") < _bigram_bits()  # the bar, on the untouched test slice
 
 
 def test_retraining_reproduces_addition():
-    model, hist = lt.train_addition()
-    _, shipped = lt.load_model("addition")
-    acc_new, acc_shipped = _accuracy(model), _accuracy(lt.load_model("addition")[0])
+    model, hist = addition.train()
+    shipped_model, shipped = addition.load_pretrained()
+    acc_new, acc_shipped = _accuracy(model), _accuracy(shipped_model)
     assert acc_new >= 0.99 and abs(acc_new - acc_shipped) <= 0.01, (acc_new, acc_shipped)
     np.testing.assert_allclose(hist["loss"][:5], shipped["loss"][:5], rtol=1e-4)
 
 
 def test_retraining_reproduces_corpus():
-    _, hist = lt.train_corpus()
-    _, shipped = lt.load_model("corpus")
+    _, hist = corpus.train()
+    _, shipped = corpus.load_pretrained()
     np.testing.assert_allclose(hist["loss"][:5], shipped["loss"][:5], rtol=1e-4)
     assert abs(min(hist["eval"]) - min(shipped["eval"])) < 0.05, (min(hist["eval"]), min(shipped["eval"]))

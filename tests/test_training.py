@@ -76,17 +76,17 @@ def test_schedules_closed_forms():
     assert hl == pytest.approx([lr] * 6 + [lr * (10 - s) / 4 for s in range(6, 10)], abs=1e-12)
     # one_cycle is PyTorch's OneCycleLR
     opt = torch.optim.AdamW([nn.Parameter(torch.zeros(1))], lr=lr)
-    ref = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=3 / steps)
+    ref = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.3)
     expected = []
     for _ in range(steps):
         expected.append(opt.param_groups[0]["lr"])
         opt.step()
         ref.step()
-    assert lr_schedule(("one_cycle", 3), lr, steps) == expected
+    assert lr_schedule(("one_cycle", 0.3), lr, steps) == expected
 
 
 @pytest.mark.parametrize("schedule", ["constant", ("warmup_cosine", 2, 1e-4), ("hold_linear", 3),
-                                      ("one_cycle", 2)])
+                                      ("one_cycle", 0.3)])
 def test_history_records_the_rate_each_step_used(schedule, one_thread):
     h = train(tiny(), lm_loss, batch_fn, 6, lr=5e-3, schedule=schedule, disable=True)
     assert h.lr == pytest.approx(lr_schedule(schedule, 5e-3, 6), abs=1e-12)
@@ -172,6 +172,8 @@ def test_bad_arguments():
         train(m, lm_loss, batch_fn, 3, eval_fn=lambda m: 0.0)
     with pytest.raises(ValueError, match="need eval_fn"):
         train(m, lm_loss, batch_fn, 3, patience=2)
+    with pytest.raises(ValueError, match="pct_start"):
+        train(m, lm_loss, batch_fn, 3, schedule=("one_cycle", 2))
     with pytest.raises(ValueError, match="lr"):
         train(m, lm_loss, batch_fn, 3, lr=0.0)
     with pytest.raises(ValueError, match="loss became nan after 0 steps"):

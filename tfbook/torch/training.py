@@ -78,7 +78,7 @@ class History:
 
 
 def _check_schedule(schedule, steps: int) -> tuple:
-    """``"name"`` or ``(name, *args)`` -> ``(name, warmup_or_hold, min_lr)`` (validated)."""
+    """``"name"`` or ``(name, *args)`` -> ``(name, warmup_hold_or_pct, min_lr)`` (validated)."""
     spec = (schedule,) if isinstance(schedule, str) else tuple(schedule)
     if not spec or spec[0] not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES} (or a tuple starting with one), "
@@ -87,15 +87,16 @@ def _check_schedule(schedule, steps: int) -> tuple:
     n_args = {"constant": 0, "warmup_cosine": 2, "hold_linear": 1, "one_cycle": 1}[name]
     if len(args) > n_args:
         raise ValueError(f"schedule {name!r} takes at most {n_args} arguments, got {args!r}")
+    if name == "one_cycle":
+        if len(args) != 1 or not 0.0 < float(args[0]) < 1.0:
+            raise ValueError(f"schedule ('one_cycle', pct_start) needs 0 < pct_start < 1, got {args!r}")
+        return name, float(args[0]), 0.0
     warmup = int(args[0]) if len(args) > 0 else 0
     min_lr = float(args[1]) if len(args) > 1 else 0.0
     if name == "hold_linear" and not args:
         raise ValueError("schedule ('hold_linear', hold_steps) needs the number of constant steps")
-    if name == "one_cycle" and not args:
-        raise ValueError("schedule ('one_cycle', warmup_steps) needs the number of warm-up steps")
-    if not 0 <= warmup <= steps or (name == "one_cycle" and not 0 < warmup < steps):
-        raise ValueError(f"schedule {name!r}: warm-up/hold steps must lie in 0..steps={steps} "
-                         f"(one_cycle: 1..steps-1), got {warmup}")
+    if not 0 <= warmup <= steps:
+        raise ValueError(f"schedule {name!r}: warm-up/hold steps must lie in 0..steps={steps}, got {warmup}")
     if min_lr < 0:
         raise ValueError(f"schedule {name!r}: min_lr must be >= 0, got {min_lr}")
     return name, warmup, min_lr
@@ -110,9 +111,9 @@ def lr_schedule(schedule, lr: float, steps: int) -> list[float]:
       down to ``min_lr`` at the last step.
     * ``("hold_linear", hold)``: ``lr`` for ``hold`` steps, then linearly down towards 0
       (step ``s >= hold`` uses ``lr * (steps - s) / (steps - hold)``).
-    * ``("one_cycle", warmup)``: PyTorch's ``OneCycleLR`` with ``pct_start = warmup / steps``
-      (cosine up from ``lr / 25`` and down to ``lr / 25e4``; it also cycles Adam's
-      ``beta1`` between 0.95 and 0.85, which :func:`train` applies).
+    * ``("one_cycle", pct_start)``: PyTorch's ``OneCycleLR`` warming up for the fraction
+      ``pct_start`` of the steps (cosine up from ``lr / 25``, then down to ``lr / 25e4``; it
+      also cycles Adam's ``beta1`` between 0.95 and 0.85, which :func:`train` applies).
     """
     name, warmup, min_lr = _check_schedule(schedule, steps)
     if name == "constant":
@@ -130,7 +131,7 @@ def lr_schedule(schedule, lr: float, steps: int) -> list[float]:
                 out.append(min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * t)))
         return out
     opt = torch.optim.AdamW([nn.Parameter(torch.zeros(1))], lr=lr)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=warmup / steps)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=warmup)
     out = []
     for _ in range(steps):
         out.append(opt.param_groups[0]["lr"])
@@ -255,15 +256,14 @@ def train(model: nn.Module, loss_fn: Callable, batch_fn: Callable, steps: int, *
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
         one_cycle = None
         if name == "one_cycle":
-            warmup = _check_schedule(schedule, steps)[1]
+            pct_start = _check_schedule(schedule, steps)[1]
             one_cycle = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps,
-                                                            pct_start=warmup / steps)
+                                                            pct_start=pct_start)
         model.train()
         stop = eval_fn is not None and evaluate(0)
         bar = tqdm(range(1, steps + 1), disable=disable, desc=desc)
         for step in bar:
             if stop:
-                history.stopped_early = True
                 break
             if rates is not None:
                 for group in opt.param_groups:

@@ -1,0 +1,42 @@
+"""The book's training tasks, one module each, all with the same shape.
+
+=================  =========  ==============================  ===========================
+module             chapter    model                           metric (:func:`evaluate`)
+=================  =========  ==============================  ===========================
+``number_words``   11         EncoderDecoder                  exact match (greedy decoding)
+``addition``       12         DecoderLM                       exact match (greedy decoding)
+``corpus``         12         DecoderLM (characters)          bits per character
+``digits``         13         VisionTransformer, 5 variants   accuracy
+=================  =========  ==============================  ===========================
+
+Every module exposes the same verbs:
+
+* ``data(...)`` -> :class:`Splits` ``(train, validation, test)``: training data for the
+  optimiser, a validation split for every choice made from data (early stopping), and a
+  test split read once, to report;
+* ``config(...)`` -> the model's configuration; ``RECIPE``, the training settings;
+* ``train(...)`` -> ``(model, History)``, through the one loop
+  :func:`tfbook.torch.training.train`;
+* ``evaluate(model, split)`` -> the task's metric on a split (a name or the data);
+* ``load_pretrained(...)`` -> ``(model, History)``, the shipped weights and their history;
+* ``save(model, history, folder)`` and ``main()``: ``python -m tfbook.tasks.NAME [--out DIR]``
+  retrains and writes every artifact the package ships for the task (``ARTIFACTS``) into
+  ``tfbook/weights/`` or ``DIR``.
+
+The submodules are imported on first use (``tfbook.tasks.addition``), so that
+``python -m tfbook.tasks.NAME`` runs the module once.
+"""
+
+import importlib as _importlib
+
+from ._common import Splits
+
+__all__ = ["Splits", "TASKS", "number_words", "addition", "corpus", "digits"]
+
+TASKS = ("number_words", "addition", "corpus", "digits")
+
+
+def __getattr__(name):
+    if name in TASKS:
+        return _importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,84 @@
+"""What every task module shares: the split container, the weights folder, saving and
+loading a model with its history, and the command line that regenerates artifacts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+import torch
+
+from ..torch.training import History
+
+WEIGHTS = Path(__file__).resolve().parent.parent / "weights"  # tfbook/weights/
+
+
+class Splits(NamedTuple):
+    """A task's data: ``train`` for the optimiser, ``validation`` for every choice
+    (early stopping, a setting), ``test`` read once to report the final score."""
+
+    train: Any
+    validation: Any
+    test: Any
+
+
+def pick(splits: Splits, split) -> Any:
+    """``split`` as a name (``"train"``, ``"validation"``, ``"test"``) or already the data."""
+    if isinstance(split, str):
+        if split not in Splits._fields:
+            raise ValueError(f"split must be one of {Splits._fields} or the data itself, got {split!r}")
+        part = getattr(splits, split)
+        if part is None:
+            raise ValueError(f"this task has no {split!r} split")
+        return part
+    return split
+
+
+def shipped(name: str):
+    """A file shipped in ``tfbook/weights/`` (a ``Traversable``; works from a wheel too)."""
+    return resources.files("tfbook") / "weights" / name
+
+
+def save_model(path, model: torch.nn.Module, history: History, half: bool = True, **meta) -> Path:
+    """Write ``{"config", "state_dict", "history", **meta}`` to ``path`` (float16 weights
+    by default: half the file; the bars are checked on the rounded weights)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    dtype = torch.float16 if half else torch.float32
+    state = {k: v.detach().to(dtype).clone() for k, v in model.state_dict().items()}
+    torch.save({"config": asdict(model.config), "state_dict": state, "history": history.as_dict(), **meta},
+               path)
+    return path
+
+
+def load_blob(path) -> dict:
+    with open(path, "rb") as f:
+        return torch.load(f, map_location="cpu", weights_only=True)
+
+
+def load_state(model: torch.nn.Module, state: dict) -> torch.nn.Module:
+    model.load_state_dict({k: v.to(torch.float32) for k, v in state.items()})
+    return model.eval()
+
+
+def write_json(path, obj) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(obj) + "\n")
+    return path
+
+
+def cli(doc: str, run: Callable[[Path, argparse.Namespace], None],
+        add_arguments: Callable[[argparse.ArgumentParser], None] | None = None, argv=None) -> None:
+    """``python -m tfbook.tasks.NAME [--out DIR]``: retrain and write the task's artifacts."""
+    parser = argparse.ArgumentParser(description=doc.strip().split("\n")[0])
+    parser.add_argument("--out", default=str(WEIGHTS),
+                        help="folder for the weights and histories (default: tfbook/weights, the shipped ones)")
+    if add_arguments is not None:
+        add_arguments(parser)
+    args = parser.parse_args(argv)
+    run(Path(args.out), args)
