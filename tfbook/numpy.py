@@ -468,7 +468,9 @@ def sinusoidal_positional_encoding(T, D, base=10000.0, dtype=np.float64):
 def sinusoidal_shift_matrix(k, D, base=10000.0, dtype=np.float64):
     """The block-diagonal rotation ``M(k)`` with ``PE[p + k] == M(k) @ PE[p]`` for every ``p``.
 
-    Each ``(sin, cos)`` pair at frequency ``w`` is rotated by ``k w``, from
+    Each ``(sin, cos)`` pair at frequency ``w`` turns clockwise by the angle ``k w``: it is
+    multiplied by ``R(-k w)``, where ``R(theta)`` is the book's counter-clockwise rotation
+    ``[[cos, -sin], [sin, cos]]`` (chapter 7), from
     ``sin(a + b) = sin a cos b + cos a sin b`` and ``cos(a + b) = cos a cos b - sin a sin b``.
 
     Returns
