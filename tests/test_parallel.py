@@ -53,13 +53,55 @@ def test_parameters_stay_in_sync_and_match_single_process_training(runs):
     assert moved > 1e-3
 
 
-def test_context_parallel_attention_equals_full_attention(runs):
+def test_communication_is_timed_apart_from_the_step(runs):
     _, results = runs
+    for r in results:
+        assert r["world_size"] == 2
+        assert 0 < r["comm_seconds"] < r["seconds"]  # the all-reduce takes time, and is part of the step
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_context_parallel_attention_equals_full_attention(world_size):
+    results = parallel.run_context_parallel(CFG, world_size=world_size, timeout=240)
     Q, K, V = parallel._attention_data(CFG)
     expected = F.scaled_dot_product_attention(Q, K, V)
-    assert results[0]["key_rows"] == (0, CFG.attn_T // 2) and results[1]["key_rows"] == (CFG.attn_T // 2, CFG.attn_T)
+    n = CFG.attn_T // world_size
+    assert [r["key_rows"] for r in results] == [(k * n, (k + 1) * n) for k in range(world_size)]
     for r in results:
         torch.testing.assert_close(r["attention"], expected, atol=1e-12, rtol=0)  # float64 round-off
+        # one rank's keys alone give a different answer: the merge does the work
+        assert (r["local_attention"] - expected).abs().max() > 0.1
+        assert "grads" not in r  # the context-parallel worker does no data-parallel training
+
+
+def test_data_parallel_worker_does_no_context_parallelism(runs):
+    _, results = runs
+    assert all("attention" not in r for r in results)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_gradient_accumulation_equals_the_large_batch(k):
+    x, y = parallel.make_batches(CFG)[0]
+    big = parallel.make_model(CFG)
+    parallel._loss(big, x, y).backward()
+    acc = parallel.make_model(CFG)
+    parallel.accumulate_gradients(acc, x, y, micro_batches=k)
+    for (n, p), q in zip(big.named_parameters(), acc.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, atol=1e-12, rtol=0, msg=n)  # float64 round-off
+    with pytest.raises(ValueError, match="micro_batches=3"):
+        parallel.accumulate_gradients(acc, x, y, micro_batches=3)
+
+
+def test_gradient_accumulation_without_the_division_is_k_times_too_large():
+    x, y = parallel.make_batches(CFG)[0]
+    big = parallel.make_model(CFG)
+    parallel._loss(big, x, y).backward()
+    summed = parallel.make_model(CFG)
+    for k in range(4):
+        parallel._loss(summed, parallel.shard(x, k, 4), parallel.shard(y, k, 4)).backward()
+    g_big = torch.cat([p.grad.flatten() for p in big.parameters()])
+    g_sum = torch.cat([p.grad.flatten() for p in summed.parameters()])
+    torch.testing.assert_close(g_sum, 4 * g_big, atol=1e-12, rtol=0)
 
 
 def test_spawned_workers_give_the_same_gradients():
@@ -106,6 +148,10 @@ def test_bad_arguments_raise_value_errors():
         parallel.run_data_parallel(CFG, start_method="thread")
     with pytest.raises(ValueError, match="states"):
         parallel.merge_softmax_states([])
+    with pytest.raises(ValueError, match="attn_T"):
+        parallel.run_context_parallel(CFG, world_size=CFG.attn_T + 1)
+    with pytest.raises(ValueError, match="micro_batches"):
+        parallel.accumulate_gradients(parallel.make_model(CFG), *parallel.make_batches(CFG)[0], micro_batches=0)
 
 
 def test_timeout_kills_every_worker():

@@ -2,16 +2,18 @@
 
 Chapter 16 runs :func:`run_data_parallel`, which starts ``world_size`` processes (forked on
 Linux, spawned elsewhere: a spawned worker is a fresh interpreter, so the worker function
-:func:`_worker` lives here, in an importable module). Every process builds
+:func:`_data_parallel_worker` lives here, in an importable module). Every process builds
 the same small float64 :class:`~tfbook.torch.models.DecoderLM` from the same seed, takes
 its contiguous shard of each global batch, computes the mean loss of its shard, and
 averages the gradients with ``all_reduce(SUM) / world_size`` before a plain SGD step.
 :func:`single_process_run` does the same training on one process with the whole batch;
 the two must agree to float64 round-off.
 
-Each worker also runs one *context-parallel* attention: it holds a contiguous slice of the
-keys and values, computes the online-softmax state ``(m, l, acc)`` of every query over its
-slice, and the states of all ranks are gathered and merged (:func:`merge_softmax_states`).
+:func:`run_context_parallel` is the other split, *within* one sequence: each process
+(:func:`_context_parallel_worker`) holds a contiguous slice of the keys and values, computes
+the online-softmax state ``(m, l, acc)`` of every query over its slice, and the states of
+all ranks are gathered and merged (:func:`merge_softmax_states`). :func:`accumulate_gradients`
+is the one-process relative of data parallelism: micro-batches one after the other.
 
 Everything is bounded in time: the process group has a timeout, and the parent kills any
 worker still alive after ``timeout`` seconds. Communication stays on the loopback
@@ -43,6 +45,8 @@ __all__ = [
     "softmax_state",
     "single_process_run",
     "run_data_parallel",
+    "run_context_parallel",
+    "accumulate_gradients",
 ]
 
 
@@ -198,42 +202,74 @@ def _loopback_name() -> str | None:
     return None
 
 
-def _worker(rank: int, world_size: int, port: int, cfg_dict: dict, out_dir: str, timeout: float) -> None:
-    """One rank: DDP-style training, then one context-parallel attention; saves ``rank<r>.pt``."""
+def _init_group(rank: int, world_size: int, port: int, timeout: float):
+    """Join the gloo process group on 127.0.0.1 (one CPU thread per process)."""
     import torch.distributed as dist
 
-    torch.set_num_threads(1)  # two processes on a shared CPU: one thread each
+    torch.set_num_threads(1)  # several processes on a shared CPU: one thread each
     lo = _loopback_name()
     if lo is not None:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
-    cfg = DPConfig(**cfg_dict)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world_size, timeout=datetime.timedelta(seconds=timeout))
+    return dist
+
+
+def _data_parallel_worker(rank: int, world_size: int, port: int, cfg_dict: dict, out_dir: str,
+                          timeout: float) -> None:
+    """One rank of data parallelism: DDP-style SGD on its shard of every batch; saves ``rank<r>.pt``.
+
+    The time spent inside ``all_reduce`` (the communication) is measured apart from the rest
+    of the step (the computation).
+    """
+    dist = _init_group(rank, world_size, port, timeout)
+    cfg = DPConfig(**cfg_dict)
     try:
         model = make_model(cfg)
         # what DistributedDataParallel does at start: every rank takes rank 0's parameters
         for p in model.parameters():
             dist.broadcast(p.data, src=0)
         local_losses, losses, grads = [], [], None
+        comm = 0.0
+        dist.barrier()  # start the clocks together
         t0 = time.perf_counter()
         for x, y in make_batches(cfg):
             xs, ys = shard(x, rank, world_size), shard(y, rank, world_size)
             model.zero_grad(set_to_none=True)
             loss = _loss(model, xs, ys)  # mean over this rank's tokens
             loss.backward()
+            tc = time.perf_counter()
             for p in model.parameters():  # the all-reduce: sum, then divide by the number of ranks
                 dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
                 p.grad /= world_size
+            comm += time.perf_counter() - tc
             if grads is None:
                 grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
             _sgd_step(model, cfg.lr)
             total = loss.detach().clone()
-            dist.all_reduce(total, op=dist.ReduceOp.SUM)
+            dist.all_reduce(total, op=dist.ReduceOp.SUM)  # for the report only, not part of training
             local_losses.append(loss.item())
             losses.append(total.item() / world_size)
         seconds = time.perf_counter() - t0
+        torch.save({"rank": rank, "world_size": world_size, "losses": losses, "local_losses": local_losses,
+                    "grads": grads, "params": {n: p.detach().clone() for n, p in model.named_parameters()},
+                    "seconds": seconds, "comm_seconds": comm},
+                   Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
 
-        # context parallelism: this rank holds keys/values rows [lo_k, hi_k) of every query's context
+
+def _context_parallel_worker(rank: int, world_size: int, port: int, cfg_dict: dict, out_dir: str,
+                             timeout: float) -> None:
+    """One rank of context parallelism: attention of every query over this rank's slice of keys.
+
+    Rank ``r`` holds key/value rows ``[lo_k, hi_k)`` of one ``(attn_T, attn_D)`` problem, computes
+    the online-softmax states of all queries over them, gathers every rank's states and merges
+    them (:func:`merge_softmax_states`); saves ``rank<r>.pt`` with the merged attention.
+    """
+    dist = _init_group(rank, world_size, port, timeout)
+    cfg = DPConfig(**cfg_dict)
+    try:
         Q, K, V = _attention_data(cfg)
         bounds = [round(r * cfg.attn_T / world_size) for r in range(world_size + 1)]
         lo_k, hi_k = bounds[rank], bounds[rank + 1]
@@ -242,9 +278,8 @@ def _worker(rank: int, world_size: int, port: int, cfg_dict: dict, out_dir: str,
         dist.all_gather(gathered, state)
         parts = [(s[:, :1], s[:, 1:2], s[:, 2:]) for s in gathered]
         _, l, acc = merge_softmax_states(parts)
-        torch.save({"rank": rank, "world_size": world_size, "losses": losses, "local_losses": local_losses,
-                    "grads": grads, "params": {n: p.detach().clone() for n, p in model.named_parameters()},
-                    "seconds": seconds, "attention": acc / l, "key_rows": (lo_k, hi_k)},
+        torch.save({"rank": rank, "world_size": world_size, "attention": acc / l, "key_rows": (lo_k, hi_k),
+                    "local_attention": state[:, 2:] / state[:, 1:2]},
                    Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -256,30 +291,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_data_parallel(cfg: DPConfig = DPConfig(), world_size: int = 2, timeout: float = 120.0,
-                      start_method: str | None = None) -> list[dict]:
-    """Train ``cfg`` with ``world_size`` gloo processes on 127.0.0.1; return one result dict per rank.
-
-    Each dict has ``losses`` (global mean loss per step), ``local_losses``, ``grads`` (the
-    all-reduced gradients of the first step), ``params`` (after the last step),
-    ``seconds`` (the training loop's wall time) and ``attention`` (the context-parallel
-    attention output, ``(attn_T, attn_D)``). Raises ``TimeoutError`` (after killing every
-    worker) if the run takes longer than ``timeout`` seconds, and re-raises a worker's error.
-
-    ``start_method`` is ``"spawn"`` (a fresh interpreter per worker: safe everywhere, but each
-    worker pays for importing torch, seconds on a busy machine) or ``"fork"`` (the workers
-    start as copies of this process in a fraction of a second; fine here because they use
-    the CPU only and leave through ``os._exit``). The default, ``None``, is ``"fork"`` on
-    Linux and ``"spawn"`` elsewhere (macOS and Windows, where forking is unsafe or absent).
-    """
+def _launch(worker, cfg: DPConfig, world_size: int, timeout: float, start_method: str | None) -> list[dict]:
+    """Start ``world_size`` processes running ``worker``; wait at most ``timeout`` s; return their results."""
     import torch.multiprocessing as mp
 
     if not isinstance(cfg, DPConfig):
         raise ValueError(f"cfg must be a DPConfig, got {type(cfg).__name__}")
     if not (isinstance(world_size, int) and world_size >= 1):
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
-    if cfg.batch_size % world_size:
-        raise ValueError(f"batch_size={cfg.batch_size} does not split evenly into world_size={world_size} shards")
     if not timeout > 0:
         raise ValueError(f"timeout must be positive, got {timeout!r}")
     if start_method is None:
@@ -287,13 +306,13 @@ def run_data_parallel(cfg: DPConfig = DPConfig(), world_size: int = 2, timeout: 
     if start_method not in ("spawn", "fork"):
         raise ValueError(f"start_method must be 'spawn' or 'fork', got {start_method!r}")
     with tempfile.TemporaryDirectory(prefix="tfbook-dp-") as out_dir:
-        ctx = mp.start_processes(_worker, args=(world_size, _free_port(), asdict(cfg), out_dir, timeout),
+        ctx = mp.start_processes(worker, args=(world_size, _free_port(), asdict(cfg), out_dir, timeout),
                                  nprocs=world_size, join=False, start_method=start_method)
         deadline = time.monotonic() + timeout
         try:
             while not ctx.join(timeout=max(0.1, min(1.0, deadline - time.monotonic()))):
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"data-parallel run did not finish within {timeout:g} s")
+                    raise TimeoutError(f"parallel run did not finish within {timeout:g} s")
         finally:
             for p in ctx.processes:  # never leave a worker behind
                 if p.is_alive():
@@ -303,6 +322,58 @@ def run_data_parallel(cfg: DPConfig = DPConfig(), world_size: int = 2, timeout: 
                     p.kill()
                     p.join(5)
         return [torch.load(Path(out_dir) / f"rank{r}.pt") for r in range(world_size)]
+
+
+def run_data_parallel(cfg: DPConfig = DPConfig(), world_size: int = 2, timeout: float = 120.0,
+                      start_method: str | None = None) -> list[dict]:
+    """Train ``cfg`` with ``world_size`` gloo processes on 127.0.0.1; return one result dict per rank.
+
+    Each dict has ``losses`` (global mean loss per step), ``local_losses``, ``grads`` (the
+    all-reduced gradients of the first step), ``params`` (after the last step),
+    ``seconds`` (the training loop's wall time) and ``comm_seconds`` (the part of it spent
+    in the gradient all-reduce). Raises ``TimeoutError`` (after killing every worker) if the
+    run takes longer than ``timeout`` seconds, and re-raises a worker's error.
+
+    ``start_method`` is ``"spawn"`` (a fresh interpreter per worker: safe everywhere, but each
+    worker pays for importing torch, seconds on a busy machine) or ``"fork"`` (the workers
+    start as copies of this process in a fraction of a second; fine here because they use
+    the CPU only and leave through ``os._exit``). The default, ``None``, is ``"fork"`` on
+    Linux and ``"spawn"`` elsewhere (macOS and Windows, where forking is unsafe or absent).
+    """
+    if isinstance(cfg, DPConfig) and isinstance(world_size, int) and world_size >= 1 and cfg.batch_size % world_size:
+        raise ValueError(f"batch_size={cfg.batch_size} does not split evenly into world_size={world_size} shards")
+    return _launch(_data_parallel_worker, cfg, world_size, timeout, start_method)
+
+
+def run_context_parallel(cfg: DPConfig = DPConfig(), world_size: int = 2, timeout: float = 120.0,
+                         start_method: str | None = None) -> list[dict]:
+    """Context-parallel attention of one ``(attn_T, attn_D)`` problem over ``world_size`` processes.
+
+    Each result dict has ``attention`` (the merged output, ``(attn_T, attn_D)``, the same on
+    every rank), ``local_attention`` (attention over the rank's own key slice only) and
+    ``key_rows`` (the rank's slice ``(lo, hi)``). Timeouts and errors as :func:`run_data_parallel`.
+    """
+    if isinstance(cfg, DPConfig) and isinstance(world_size, int) and world_size > cfg.attn_T:
+        raise ValueError(f"world_size={world_size} is more than attn_T={cfg.attn_T} key rows")
+    return _launch(_context_parallel_worker, cfg, world_size, timeout, start_method)
+
+
+def accumulate_gradients(model, x: torch.Tensor, y: torch.Tensor, micro_batches: int) -> None:
+    """Gradient accumulation: ``micro_batches`` backward passes whose summed gradient is the big batch's.
+
+    Splits the batch ``x, y (B, T)`` into ``micro_batches`` equal contiguous parts and calls
+    ``backward`` on each part's mean loss divided by ``micro_batches``; the gradients add up in
+    ``p.grad``, so afterwards they equal those of the mean loss over the whole batch (one
+    backward pass at a time: the activations of one micro-batch only).
+    """
+    if not (isinstance(micro_batches, int) and micro_batches >= 1):
+        raise ValueError(f"micro_batches must be a positive int, got {micro_batches!r}")
+    if x.shape[0] % micro_batches:
+        raise ValueError(f"batch of {x.shape[0]} rows does not split into micro_batches={micro_batches} equal parts")
+    model.zero_grad(set_to_none=True)
+    for k in range(micro_batches):
+        xs, ys = shard(x, k, micro_batches), shard(y, k, micro_batches)
+        (_loss(model, xs, ys) / micro_batches).backward()
 
 
 def _main() -> int:  # pragma: no cover - exercised by hand
