@@ -29,8 +29,6 @@ MASTER = ROOT / "notebooks" / f"{CHAPTER}.ipynb"
 CELL_TIMEOUT = 20  # seconds per cell: chapter 7's longest cell on a busy CI machine; the loopers wait it out
 
 pytestmark = pytest.mark.skipif(not MASTER.exists(), reason="chapter 0 not written yet")
-needs_bwrap = pytest.mark.skipif(bool(course_sandbox.available()),
-                                 reason=f"no sandbox here: {course_sandbox.available()}")
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +89,8 @@ def _processes_with(marker: str) -> list[int]:
 
 @pytest.fixture(scope="module")
 def graded(released, tmp_path_factory):
+    if course_sandbox.available() and not course_sandbox.bwrap_path():
+        course_sandbox.install_bwrap()  # as `make grade` does (Debian's bubblewrap)
     if course_sandbox.available():
         pytest.skip(f"no sandbox here: {course_sandbox.available()}")
     tag = uuid.uuid4().hex[:12]
@@ -121,7 +121,6 @@ def graded(released, tmp_path_factory):
             "left": left, "written": written, "seconds": seconds, "tag": tag, "load": load}
 
 
-@needs_bwrap
 def test_every_row(graded):
     with open(graded["out"] / "grades.csv", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
@@ -140,14 +139,12 @@ def test_every_row(graded):
         assert got[("ada_correct", a)]["reason"] == ""
 
 
-@needs_bwrap
 def test_submissions_untouched_and_nothing_written_outside(graded):
     assert graded["after"] == graded["before"]  # the classmate-overwrite attack included
     assert graded["written"] == []  # the checkout, the gradebook's folder, the host's /tmp
     assert graded["left"] == []  # the detached process died with its sandbox
 
 
-@needs_bwrap
 def test_hidden_checks_do_not_leak(graded):
     master = nbformat.read(str(MASTER), as_version=4)
     hidden = course.secret_lines(master)["hidden"]
@@ -167,7 +164,6 @@ def test_hidden_checks_do_not_leak(graded):
         assert line not in course.html_text(page)
 
 
-@needs_bwrap
 def test_feedback_pages(graded):
     master = nbformat.read(str(MASTER), as_version=4)
     fb = graded["out"] / "feedback"
@@ -190,7 +186,6 @@ def test_feedback_pages(graded):
     assert "you normalised over axis 0" in ben  # the visible hint
 
 
-@needs_bwrap
 def test_exercise_table_and_plot(graded):
     with open(graded["out"] / "exercises.csv", encoding="utf-8") as f:
         table = {r["exercise"]: r for r in csv.DictReader(f)}
@@ -200,14 +195,13 @@ def test_exercise_table_and_plot(graded):
     assert (graded["out"] / "exercises.png").stat().st_size > 1000
 
 
-@needs_bwrap
 def test_speed(graded):
     times = [r.seconds for r in graded["rows"] if r.seconds]
     median = statistics.median(times)
     load = graded["load"]
     print(f"graded {len(times)} notebooks in {graded['seconds']:.0f} s: median {median:.1f} s, "
           f"max {max(times):.1f} s per notebook (load average {load:.1f} on {os.cpu_count()} cores)")
-    if load > 1.5 * (os.cpu_count() or 1):
+    if load > 2.5 * (os.cpu_count() or 1):  # the grading itself keeps 2-4 processes busy
         pytest.skip(f"the machine was busy with other work (load {load:.1f}): timing not comparable")
     assert median <= 6.0, times
 
@@ -227,7 +221,6 @@ def test_hide_hidden_tests_scrubs_tracebacks():
     assert nb.cells[0].outputs[0]["traceback"] == ["AssertionError: "]
 
 
-@needs_bwrap
 def test_check_command_gives_the_graders_messages(graded, capsys):
     from tfbook import course_grade
 

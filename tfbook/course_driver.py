@@ -41,6 +41,7 @@ EXCERPT = 4000
 class _State:
     fired = False
     proto = None
+    stdin = None  # kept from the start: a student's cell may rebind sys.stdin
 
 
 def _send(msg: dict) -> None:
@@ -118,12 +119,12 @@ def _encode_value(value):
 
 
 def _hidden(job: dict, functions: dict, slow: set) -> None:
-    raw = sys.stdin.buffer.read(8)
+    raw = _State.stdin.read(8)
     if len(raw) != 8:
         _send({"t": "log", "msg": "no hidden inputs"})
         return
     (size,) = struct.unpack("<Q", raw)
-    calls = pickle.loads(sys.stdin.buffer.read(size))  # made by the grader
+    calls = pickle.loads(_State.stdin.read(size))  # made by the grader (cloudpickle for lambdas)
     sink = io.StringIO()
     skip = set(job.get("skip_hidden", []))
     for gid, per_name in calls.items():
@@ -178,6 +179,8 @@ def main(argv: list[str]) -> int:
     _drop_privileges()
     job = json.loads(open(argv[0], encoding="utf-8").read())
     _State.proto = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    _State.stdin = os.fdopen(os.dup(0), "rb")
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     log = job.get("log")

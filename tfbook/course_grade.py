@@ -338,7 +338,15 @@ class JudgeProxy:
     def __init__(self, master_path: Path, specs: Path):
         self.args = (str(master_path), str(specs))
         self.lock = threading.Lock()
-        self._start()
+        self.proc = None
+        self._ready = None
+
+    def start(self) -> None:
+        """Start the judge (once): when the first submission of its assignment starts, so
+        that no more judges than jobs run the master notebooks at the same time."""
+        with self.lock:
+            if self.proc is None:
+                self._start()
 
     def _start(self) -> None:
         env = {**os.environ, "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1",
@@ -349,6 +357,7 @@ class JudgeProxy:
         self._ready = None
 
     def ready(self) -> dict:
+        self.start()
         with self.lock:
             if self._ready is None:
                 try:
@@ -382,6 +391,8 @@ class JudgeProxy:
         return payload
 
     def close(self) -> None:
+        if self.proc is None:
+            return
         try:
             with self.lock:
                 judge_mod._send(self.proc.stdin, None)
@@ -402,6 +413,7 @@ def grade_one(row: Row, path: Path, plan, judge: JudgeProxy, work: Path, *, time
               logs: Path, note: str) -> None:
     start = time.monotonic()
     deadline = start + total_timeout
+    judge.start()  # records the cases while the sandbox runs the visible phase
     sub = nbformat.reads(path.read_bytes().decode("utf-8"), as_version=4)
     cells, notes, placed = build_job(sub, plan)
     by_index = {c["index"]: c for c in cells}
@@ -626,7 +638,7 @@ def grade(submissions: Path, out: Path = ROOT / "_build" / "grades", timeout: fl
 
         with cf.ThreadPoolExecutor(max_workers=jobs) as pool:
             list(pool.map(work, enumerate(todo)))
-        judged = {a: j.ready().get("seconds") for a, j in judges.items()}
+        judged = {a: j.ready().get("seconds") for a, j in judges.items() if j.proc is not None}
         for j in judges.values():
             j.close()
     if bar is not None:

@@ -237,9 +237,14 @@ class _Recorder:
     def __call__(self, *args, **kwargs):
         try:
             blob = pickle.dumps((args, kwargs))
-        except Exception as exc:  # noqa: BLE001
-            raise GraderError(f"the inputs of {self.name} cannot be pickled ({type(exc).__name__}); "
-                              "this exercise needs a spec") from None
+        except Exception:  # noqa: BLE001  (e.g. a lambda the test passes in: pickled by value)
+            try:
+                import cloudpickle
+
+                blob = cloudpickle.dumps((args, kwargs))
+            except Exception as exc:  # noqa: BLE001
+                raise GraderError(f"the inputs of {self.name} cannot be pickled "
+                                  f"({type(exc).__name__}); this exercise needs a spec") from None
         self.log.append((blob, digest(args, kwargs)))
         return self.ref(*args, **kwargs)
 
@@ -323,6 +328,9 @@ def classify(exc: BaseException) -> str:
     if isinstance(exc, AssertionError):
         return "the property checked does not hold"
     if isinstance(exc, NameError):
+        name = getattr(exc, "name", None)
+        if isinstance(name, str) and re.fullmatch(r"[A-Za-z_]\w{0,40}", name):
+            return f"{name} is not defined (its answer cell failed or was skipped)"
         return "a name the test needs is not defined"
     return f"the result could not be checked ({type(exc).__name__}: wrong type or shape?)"
 

@@ -2,7 +2,7 @@
 
 The sandbox (:mod:`tfbook.course_driver`) turns the values a student's code produced
 into JSON with :func:`encode`: ``None``, booleans, integers, floats, complex numbers,
-strings, tuples, lists and dicts of these, NumPy arrays and scalars (numeric or boolean
+strings, tuples, lists, sets and dicts of these, NumPy arrays and scalars (numeric or boolean
 dtypes, stored with ``np.save``) and torch tensors (stored as their NumPy array and
 their dtype). Anything else (a function, a module, an object of a student's class)
 cannot be encoded: :class:`Unencodable` names its type.
@@ -92,6 +92,9 @@ def encode(x, _depth: int = 0, _budget: list | None = None):
     if isinstance(x, (tuple, list)):
         return {"t": "tuple" if isinstance(x, tuple) else "list",
                 "v": [encode(i, _depth + 1, budget) for i in x]}
+    if isinstance(x, (set, frozenset)):
+        return {"t": "frozenset" if isinstance(x, frozenset) else "set",
+                "v": [encode(i, _depth + 1, budget) for i in x]}
     if isinstance(x, dict):
         items = []
         for k, v in x.items():
@@ -162,6 +165,12 @@ def decode(d, _depth: int = 0):
     if t in ("tuple", "list") and isinstance(v, list):
         items = [decode(i, _depth + 1) for i in v]
         return tuple(items) if t == "tuple" else items
+    if t in ("set", "frozenset") and isinstance(v, list):
+        items = [decode(i, _depth + 1) for i in v]
+        try:
+            return set(items) if t == "set" else frozenset(items)
+        except TypeError:
+            raise Undecodable("unhashable set items") from None
     if t == "dict" and isinstance(v, list):
         out = {}
         for pair in v:
