@@ -95,3 +95,18 @@ def test_hidden_diagnosis_names_a_property_only():
     # the right answer passes, so the check can fail either way
     good = {k: (True, tnp.softmax(*pickle.loads(b)[0], **pickle.loads(b)[1])) for k, (b, _) in enumerate(calls)}
     assert judge.evaluate({}, {gid: {"softmax": good}})[gid]["passed"]
+
+
+def test_a_dead_judge_costs_one_row_not_the_batch():
+    judge = course_grade.JudgeProxy(MASTER, course_judge.SPECS)
+    try:
+        assert "failed" not in judge.ready()
+        values = {"ex0-4-prediction-tests": {"prediction": (True, 1 / 3)}}
+        assert judge.evaluate(values, {})["ex0-4-prediction-tests"]["passed"]
+        judge.proc.kill()  # as if one submission's data had crashed it
+        judge.proc.wait()
+        with pytest.raises(RuntimeError):
+            judge.evaluate(values, {})
+        assert judge.evaluate(values, {})["ex0-4-prediction-tests"]["passed"]  # a fresh judge
+    finally:
+        judge.close()

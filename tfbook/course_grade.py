@@ -330,6 +330,18 @@ def _kill(proc: subprocess.Popen) -> None:
 # --------------------------------------------------------------------------- judges
 
 
+JUDGE_MEMORY = 8 * 2**30  # the judge runs trusted code on student data: bounded anyway
+
+
+def _judge_limits() -> None:
+    import resource
+
+    try:
+        resource.setrlimit(resource.RLIMIT_DATA, (JUDGE_MEMORY, JUDGE_MEMORY))
+    except (ValueError, OSError):
+        pass
+
+
 class JudgeProxy:
     """A judge process for one assignment (started at once, prepared in the background)."""
 
@@ -353,7 +365,8 @@ class JudgeProxy:
                "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         self.proc = subprocess.Popen([sys.executable, "-m", "tfbook.course_judge", *self.args],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, env=env, cwd=str(ROOT))
+                                     stderr=subprocess.DEVNULL, env=env, cwd=str(ROOT),
+                                     preexec_fn=_judge_limits)
         self._ready = None
 
     def ready(self) -> dict:
@@ -378,14 +391,17 @@ class JudgeProxy:
         import select
 
         with self.lock:
-            judge_mod._send(self.proc.stdin, (values, results))
-            if not select.select([self.proc.stdout], [], [], self.EVALUATE_TIMEOUT)[0]:
-                # one submission's data hung the judge: a fresh judge for the others
+            try:
+                judge_mod._send(self.proc.stdin, (values, results))
+                if not select.select([self.proc.stdout], [], [], self.EVALUATE_TIMEOUT)[0]:
+                    raise TimeoutError(f"judging this submission took over {self.EVALUATE_TIMEOUT:g} s")
+                status, payload = judge_mod._recv(self.proc.stdout)
+            except (TimeoutError, EOFError, OSError, pickle.UnpicklingError) as exc:
+                # one submission's data hung or killed the judge: a fresh judge for the others
                 self.proc.kill()
                 self.proc.wait()
                 self._start()
-                raise RuntimeError(f"judging this submission took over {self.EVALUATE_TIMEOUT:g} s")
-            status, payload = judge_mod._recv(self.proc.stdout)
+                raise RuntimeError(str(exc) or "the judge died on this submission's data") from None
         if status != "ok":
             raise RuntimeError(payload)
         return payload
