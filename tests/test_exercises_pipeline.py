@@ -128,7 +128,7 @@ def test_every_row(graded):
     want = {(s, a): e for s, per in graded["expected"].items() for a, e in per.items()}
     got = {(r["student"], r["assignment"]): r for r in rows}
     assert set(got) == set(want)
-    assert len(want) == 29
+    assert len(want) == 30
     for key, (score, status, reason) in want.items():
         r = got[key]
         max_score = course.max_score(nbformat.read(str(ROOT / "notebooks" / f"{key[1]}.ipynb"),
@@ -182,6 +182,9 @@ def test_feedback_pages(graded):
         assert "http://" not in raw and "https://" not in raw, page  # no CDN: math renders offline
         assert "../../_mathjax/tex-chtml.js" in raw
     assert (fb / "_mathjax" / "tex-chtml.js").is_file()
+    # 30 MB printed and files past the limits: a short excerpt on the page, nothing on disk
+    assert (fb / "flood" / CHAPTER / f"{CHAPTER}.html").stat().st_size < 100_000
+    assert not list(Path("/tmp").glob("tfbook-flood-*"))
     ben = course.html_text((fb / "ben_wrong" / CHAPTER / f"{CHAPTER}.html").read_text(encoding="utf-8"))
     assert "you normalised over axis 0" in ben  # the visible hint
 

@@ -72,12 +72,15 @@ def test_attacks_succeed_without_the_sandbox(tmp_path):
 
 
 def test_sandbox_command_isolates():
-    cmd = course_sandbox.bwrap_command(Path("/tmp/x"), ["python"])
+    cmd = course_sandbox.bwrap_command({"job.json": Path("/tmp/x/job.json")}, ["python"])
     for flag in ("--unshare-net", "--unshare-pid", "--die-with-parent", "--clearenv", "--new-session"):
         assert flag in cmd
-    binds = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--bind"]
-    assert binds == ["/tmp/x"]  # the only writable place
+    assert "--bind" not in cmd  # nothing of the host is writable
+    tmpfs = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--tmpfs"]
+    assert tmpfs == ["/grading", "/tmp", "/dev/shm"]
+    assert all(cmd[i - 2] == "--size" for i, a in enumerate(cmd) if a == "--tmpfs")  # bounded
     ro = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--ro-bind"]
+    assert "/tmp/x/job.json" in ro
     assert str(ROOT) not in ro and str(ROOT / "notebooks") not in ro and str(ROOT / "course") not in ro
     assert str(course_sandbox.PACKAGE) in ro
 

@@ -60,6 +60,8 @@ except OSError:
     "atk_checkout": """import os
 ok = False
 try:
+    if not os.path.isdir({root!r} + "/notebooks"):   # not the real checkout: nothing to gain
+        raise OSError("no checkout here")
     os.makedirs({root!r} + "/_build", exist_ok=True)
     with open({root!r} + "/_build/tfbook-attack-{tag}.txt", "w") as _f:
         _f.write("pwned")
@@ -71,7 +73,8 @@ except OSError:
     "atk_gradebook": """import os
 ok = False
 try:
-    os.makedirs({out!r}, exist_ok=True)
+    if not os.path.isdir({out!r}):   # the grader made it: if it is not there, this is not the host
+        raise OSError("no gradebook here")
     with open({out!r} + "/attack-{tag}.txt", "w") as _f:
         _f.write("pwned")
     with open({out!r} + "/grades.csv", "w") as _f:
@@ -150,6 +153,22 @@ def softmax(x, axis=-1):
 LEAKY_LATER = """for _x in _seen:
     print("LEAK:" + base64.b64encode(np.ascontiguousarray(_x).tobytes()).decode())
 """
+# 30 MB printed; a 400 MiB file (over the 64 MiB file limit and the 256 MiB scratch); /tmp filled
+FLOOD = """print("x" * 30_000_000)
+for _path, _n in (("/grading/flood.bin", 100), ("flood.bin", 100)):
+    try:
+        with open(_path, "wb") as _f:
+            for _ in range(_n):
+                _f.write(b"\\0" * 2**22)
+    except OSError:
+        pass
+for _i in range(10):
+    try:
+        with open(f"/tmp/tfbook-flood-{_i}", "wb") as _f:
+            _f.write(b"\\0" * 2**25)
+    except OSError:
+        pass
+"""
 NO_MAX = """def self_attention(X, W_Q, W_K, W_V, mask=None):
     Q, K, V = X @ W_Q, X @ W_K, X @ W_V
     S = Q @ np.swapaxes(K, -1, -2) / np.sqrt(Q.shape[-1]).astype(X.dtype)
@@ -182,6 +201,7 @@ EXPECTED = {
     "tamper_test": {CH0: (4, "graded", "test cell ex0-1-softmax-tests was edited")},
     "del_test": {CH0: (7, "graded", "test cell ex0-3-scores-tests was deleted")},
     "leaky": {CH0: (7, "graded", "")},
+    "flood": {CH0: (7, "graded", "")},
     **{name: {CH0: (6, "graded", "ex0-4-prediction-tests")} for name in ATTACKS},
     # the detached process is the attack; the test looks for it after grading
     "atk_detached": {CH0: (7, "graded", "")},
@@ -288,6 +308,9 @@ def make_class(subs: Path, released: dict[str, Path], out: Path, tag: str, port:
     leak = _answer(s0, {**r0, "ex0-1-softmax": LEAKY})
     leak.cells.append(nbformat.v4.new_code_cell(LEAKY_LATER))
     nbs["leaky"] = {CH0: leak}
+    flood = _answer(s0, r0)
+    flood.cells.append(nbformat.v4.new_code_cell(FLOOD))
+    nbs["flood"] = {CH0: flood}
     for name, code in ATTACKS.items():
         nbs[name] = {CH0: _answer(s0, {**r0, "ex0-4-prediction": code.format(**ctx) + WIN})}
     if victims is not None:

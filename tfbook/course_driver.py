@@ -184,11 +184,9 @@ def main(argv: list[str]) -> int:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     log = job.get("log")
-    if log:
+    if log:  # unsandboxed: a file in the run's folder; in the sandbox fd 2 is the grader's log
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.dup2(fd, 2)
-    else:
-        os.dup2(devnull, 2)
     sys.stdout = io.TextIOWrapper(os.fdopen(os.dup(1), "wb"), encoding="utf-8")
     os.environ.setdefault("MPLBACKEND", "Agg")
     start = time.perf_counter()

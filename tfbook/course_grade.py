@@ -180,13 +180,14 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, deadline
         shutil.rmtree(scratch, ignore_errors=True)
     sandbox.prepare_scratch(scratch)
     inside = sandbox.INSIDE if use_bwrap else str(scratch)
-    job = {**job, "log": f"{inside}/driver.log"}
+    # in the sandbox, stderr stays the grader's log file (bounded by RLIMIT_FSIZE)
+    job = {**job, "log": None if use_bwrap else f"{inside}/driver.log"}
     (scratch / "job.json").write_text(json.dumps(job), encoding="utf-8")
-    if sandbox.SANDBOX_UID is not None and os.geteuid() == 0 and use_bwrap:
-        os.chown(scratch / "job.json", sandbox.SANDBOX_UID, sandbox.SANDBOX_UID)
     argv = [sys.executable, "-m", "tfbook.course_driver", f"{inside}/job.json"]
     if use_bwrap:
-        cmd, env, cwd = sandbox.bwrap_command(scratch, argv), None, None
+        files = {"job.json": scratch / "job.json"}
+        files.update({f".matplotlib/{f.name}": f for f in sandbox.font_caches()})
+        cmd, env, cwd = sandbox.bwrap_command(files, argv, limits), None, None
     else:
         cmd, cwd = argv, str(scratch)
         env = {**os.environ, **sandbox.environment(str(scratch)),

@@ -2,8 +2,9 @@
 
 Inside, a submission sees: the system's programs and libraries (``/usr``, ``/etc``, read
 only), this Python and its virtual environment (read only), the installed ``tfbook``
-package (read only), a private ``/tmp`` and ``/dev/shm`` (memory, gone at the end) and
-its own scratch folder at ``/grading`` (its notebook's cells, the job, what it reports).
+package (read only), and three fresh memory-backed folders of bounded size, gone at the
+end: its scratch folder ``/grading`` (with its job, the notebook's cells, read only),
+``/tmp`` and ``/dev/shm``. Nothing it writes reaches the host's disk.
 Nothing else: not the project checkout, not the master notebooks, not the grader's
 course folder, not another submission, not the gradebook, not the network
 (``--unshare-net``: only a loopback interface). It runs in its own PID namespace with
@@ -47,6 +48,8 @@ class Limits:
     cpu_seconds: int = 900
     processes: int = 128
     file_bytes: int = 64 * 2**20
+    scratch_bytes: int = 256 * 2**20  # each of /grading and /tmp (memory-backed)
+    shm_bytes: int = 64 * 2**20
 
 
 def bwrap_path() -> str | None:
@@ -114,8 +117,13 @@ def environment(scratch_inside: str) -> dict[str, str]:
     }
 
 
-def bwrap_command(scratch: Path, argv: list[str]) -> list[str]:
-    """The bwrap command line that runs ``argv`` with ``scratch`` at /grading."""
+def bwrap_command(files: dict[str, Path], argv: list[str], limits: Limits | None = None) -> list[str]:
+    """The bwrap command line that runs ``argv`` in the sandbox.
+
+    ``files`` maps paths relative to /grading to host files bound there read-only (the
+    job, matplotlib's font cache). /grading itself, /tmp and /dev/shm are fresh tmpfs
+    of bounded size: nothing the submission writes reaches the host's disk."""
+    limits = limits or Limits()
     cmd = [bwrap_path()]
     made: set[str] = {"/"}
     bound: list[str] = []
@@ -137,8 +145,16 @@ def bwrap_command(scratch: Path, argv: list[str]) -> list[str]:
         cmd += ["--ro-bind", str(p), str(p)]
         made.add(str(p))
         bound.append(str(p))
-    cmd += ["--bind", str(scratch), INSIDE, "--chdir", INSIDE,
-            "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/dev/shm",
+    cmd += ["--perms", "1777", "--size", str(limits.scratch_bytes), "--tmpfs", INSIDE]
+    for rel in sorted(files):
+        parent = str(Path(INSIDE, rel).parent)
+        if parent != INSIDE and parent not in made:
+            cmd += ["--perms", "1777", "--dir", parent]
+            made.add(parent)
+        cmd += ["--ro-bind", str(files[rel]), f"{INSIDE}/{rel}"]
+    cmd += ["--chdir", INSIDE, "--proc", "/proc", "--dev", "/dev",
+            "--perms", "1777", "--size", str(limits.scratch_bytes), "--tmpfs", "/tmp",
+            "--perms", "1777", "--size", str(limits.shm_bytes), "--tmpfs", "/dev/shm",
             "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv"]
     if os.geteuid() == 0:
@@ -201,17 +217,21 @@ def nproc_limit(limits: Limits, jobs: int) -> int | None:
     return _own_process_count() + limits.processes * max(jobs, 1)
 
 
+def font_caches() -> list[Path]:
+    """matplotlib's font cache files (building one takes seconds in every fresh sandbox)."""
+    for cache in (Path(os.environ.get("MPLCONFIGDIR", "") or "/nonexistent"),
+                  Path.home() / ".cache" / "matplotlib", Path.home() / ".matplotlib"):
+        found = sorted(cache.glob("fontlist-*.json")) if cache.is_dir() else []
+        if found:
+            return found
+    return []
+
+
 def prepare_scratch(scratch: Path) -> None:
-    """Create the scratch folder, writable by the sandbox user, with matplotlib's font
-    cache copied in (building it takes seconds)."""
+    """Create the grader's folder for one run. Unsandboxed, it is also the run's working
+    folder, with matplotlib's font cache copied in; in the sandbox it is never mounted."""
     scratch.mkdir(parents=True, exist_ok=True)
     mpl = scratch / ".matplotlib"
     mpl.mkdir(exist_ok=True)
-    for cache in (Path(os.environ.get("MPLCONFIGDIR", "")), Path.home() / ".cache" / "matplotlib"):
-        if str(cache) and cache.is_dir():
-            for f in cache.glob("fontlist-*.json"):
-                shutil.copyfile(f, mpl / f.name)
-            break
-    if os.geteuid() == 0:
-        for p in [scratch, *scratch.rglob("*")]:
-            os.chown(p, SANDBOX_UID, SANDBOX_UID)
+    for f in font_caches():
+        shutil.copyfile(f, mpl / f.name)
