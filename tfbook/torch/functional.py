@@ -350,9 +350,20 @@ def _multi_head_attention(X_q, X_kv, params, num_heads, mask=None, return_attent
                 f"{batch + (X_q.shape[-2], X_kv.shape[-2])} (or (..., H, T_q, T_kv) with H={H})"
             ) from None
         mask = m
-    Q = split_heads(_linear(X_q, params["W_Q"], params.get("b_Q")), H)  # (..., H, T_q, D/H)
-    K = split_heads(_linear(X_kv, params["W_K"], params.get("b_K")), H)  # (..., H, T_kv, D/H)
-    V = split_heads(_linear(X_kv, params["W_V"], params.get("b_V")), H)  # (..., H, T_kv, D/H)
+    if X_kv is X_q:
+        # Self-attention: the three projections as one (D, 3D) product, as nn.MultiheadAttention
+        # does; one large matrix product is faster than three narrow ones (same arithmetic).
+        W_QKV = torch.cat([params["W_Q"], params["W_K"], params["W_V"]], dim=1)  # (D, 3D)
+        biases = [params.get(k) for k in ("b_Q", "b_K", "b_V")]
+        b_QKV = None
+        if any(b is not None for b in biases):
+            b_QKV = torch.cat([torch.zeros(D, dtype=X_q.dtype, device=X_q.device) if b is None else b
+                               for b in biases])
+        Q, K, V = (split_heads(Y, H) for Y in _linear(X_q, W_QKV, b_QKV).split(D, dim=-1))
+    else:
+        Q = split_heads(_linear(X_q, params["W_Q"], params.get("b_Q")), H)  # (..., H, T_q, D/H)
+        K = split_heads(_linear(X_kv, params["W_K"], params.get("b_K")), H)  # (..., H, T_kv, D/H)
+        V = split_heads(_linear(X_kv, params["W_V"], params.get("b_V")), H)  # (..., H, T_kv, D/H)
     Z, P = _attend(Q, K, V, mask=mask, return_attention=return_attention)
     return _linear(merge_heads(Z), params["W_O"], params.get("b_O")), P
 
@@ -509,9 +520,10 @@ def relu(x):
 
 
 def gelu(x):
-    """Exact GELU ``0.5 x (1 + erf(x / sqrt 2))``."""
+    """Exact GELU ``0.5 x (1 + erf(x / sqrt 2))`` (PyTorch's fused kernel computes exactly this;
+    ``tfbook.numpy.gelu`` spells the formula out, and the two are tested equal)."""
     x = _float(x, "x")
-    return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
+    return torch.nn.functional.gelu(x)
 
 
 _ACTIVATIONS = {"relu": relu, "gelu": gelu}
