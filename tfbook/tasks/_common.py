@@ -65,6 +65,15 @@ def load_state(model: torch.nn.Module, state: dict) -> torch.nn.Module:
     return model.eval()
 
 
+def load_decoder_lm(name: str, path=None):
+    """``(DecoderLM, History)`` from the shipped file ``name`` (or ``path``): float32, eval mode."""
+    from ..torch.models import DecoderLM, DecoderLMConfig
+
+    blob = load_blob(shipped(name) if path is None else path)
+    model = load_state(DecoderLM(DecoderLMConfig(**blob["config"])), blob["state_dict"])
+    return model, History.from_dict(blob["history"])
+
+
 def write_json(path, obj) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
