@@ -112,3 +112,69 @@ def test_activation_bytes_sum():
     br = cost.layer_activation_bytes(10, 8, 2, 32, "float32")
     assert br["total"] == sum(v for k, v in br.items() if k != "total")
     assert br["scores"] == 2 * 10 * 10 * 4
+
+
+def _meta_decoder_lm(T, D, L, H, D_ff, V):
+    from tfbook.torch.models import DecoderLM, DecoderLMConfig
+    cfg = DecoderLMConfig(vocab_size=V, block_size=T, d_model=D, num_heads=H, num_layers=L, d_ff=D_ff)
+    with torch.device("meta"):
+        model = DecoderLM(cfg)
+    return model, torch.zeros(1, T, dtype=torch.long)
+
+
+@pytest.mark.parametrize("T,D,L,H,D_ff,V", [(12, 16, 2, 4, 40, 37), (9, 24, 3, 3, 48, 11)])
+def test_decoder_lm_flops_vs_flop_counter(T, D, L, H, D_ff, V):
+    # the explicit path (return_attention=True) computes the full T x T square with plain bmm
+    model, idx = _meta_decoder_lm(T, D, L, H, D_ff, V)
+    with FlopCounterMode(display=False) as fc:
+        model(idx, return_attention=True)
+    by_op = {str(k): v for k, v in fc.get_flop_counts()["Global"].items()}
+    f = cost.decoder_lm_flops(T, D, L, H, D_ff, V)
+    assert by_op["aten.bmm"] == f["scores"] + f["pv"]
+    assert fc.get_total_flops() == f["total"] - f["softmax"] - f["embed"]
+    weights = sum(p.numel() for n, p in model.named_parameters() if p.ndim == 2 and n.startswith("blocks"))
+    assert weights == cost.non_embedding_params(D, L, D_ff)
+
+
+def test_decoder_lm_conventions():
+    T, D, L, H, D_ff, V = 10, 8, 3, 2, 20, 7
+    book, causal = cost.decoder_lm_flops(T, D, L, H, D_ff, V), cost.decoder_lm_flops(T, D, L, H, D_ff, V, "causal")
+    kap, chin = cost.decoder_lm_flops(T, D, L, H, D_ff, V, "kaplan"), cost.decoder_lm_flops(T, D, L, H, D_ff, V, "chinchilla")
+    # causal: query t meets t keys; a loop over queries and keys
+    pairs = sum(1 for q in range(T) for k in range(T) if k <= q)
+    assert causal["scores"] == causal["pv"] == L * 2 * D * pairs and causal["softmax"] == L * H * pairs
+    # Kaplan's eq. 2.2 is the blocks' part of the "kaplan" row, per token
+    N = cost.non_embedding_params(D, L, D_ff)
+    blocks = kap["total"] - kap["embed"] - kap["head"]
+    assert blocks == T * cost.kaplan_forward_flops_per_token(N, L, T, D)
+    assert kap["scores"] + kap["pv"] == (book["scores"] + book["pv"]) // 2
+    assert chin["total"] - book["total"] == 2 * T * V * D + 2 * L * H * T * T
+    with pytest.raises(ValueError):
+        cost.decoder_lm_flops(T, D, L, H, D_ff, V, "gpt")
+    with pytest.raises(ValueError):
+        cost.decoder_lm_flops(0, D, L, H, D_ff, V)
+
+
+def test_training_is_three_forwards_and_six_n():
+    T, D, L, H, D_ff, V = 8, 16, 2, 2, 64, 13
+    model, idx = _meta_decoder_lm(T, D, L, H, D_ff, V)
+    with FlopCounterMode(display=False) as fc:
+        model(idx, return_attention=True)[0].sum().backward()
+    f = cost.decoder_lm_flops(T, D, L, H, D_ff, V)
+    N = cost.non_embedding_params(D, L, D_ff)
+    assert fc.get_total_flops() == 3 * (f["total"] - f["softmax"])
+    assert fc.get_total_flops() == 6 * (N + D * V) * T + 12 * L * T * T * D
+
+
+def test_step_traffic():
+    D, L, D_ff, b = 32, 3, 128, 2
+    for t in (1, 50, 4000):                     # decoding: 2 / b FLOPs per byte whatever t (no head)
+        s = cost.step_traffic(1, t, D, L, D_ff, b)
+        assert s["flops"] == L * (8 * D * D + 4 * D * D_ff + 4 * t * D)
+        assert s["bytes"] == b * L * (4 * D * D + 2 * D * D_ff + 2 * t * D)
+        assert s["intensity"] == pytest.approx(2 / b, rel=1e-12)
+    p = cost.step_traffic(500, 500, D, L, D_ff, b, V=100)
+    assert p["flops"] == 500 * cost.step_traffic(1, 500, D, L, D_ff, b, V=100)["flops"]
+    assert p["intensity"] > 100 * cost.step_traffic(1, 500, D, L, D_ff, b, V=100)["intensity"] / 2
+    with pytest.raises(ValueError):
+        cost.step_traffic(5, 4, D, L, D_ff)

@@ -27,6 +27,10 @@ __all__ = [
     "dtype_bytes",
     "score_matrix_bytes",
     "layer_activation_bytes",
+    "decoder_lm_flops",
+    "non_embedding_params",
+    "kaplan_forward_flops_per_token",
+    "step_traffic",
 ]
 
 
@@ -170,3 +174,92 @@ def layer_activation_bytes(T: int, D: int, H: int, D_ff: int, dtype="float32") -
     }
     out["total"] = sum(out.values())
     return out
+
+
+# --------------------------------------------------------------------------------------
+# A whole decoder-only language model, under the book's and other papers' conventions
+# --------------------------------------------------------------------------------------
+
+_CONVENTIONS = ("book", "causal", "kaplan", "chinchilla")
+
+
+def decoder_lm_flops(T: int, D: int, L: int, H: int, D_ff: int, V: int, convention: str = "book") -> dict:
+    """Forward FLOPs of a decoder-only LM (``L`` blocks, vocabulary ``V``) on one sequence of ``T`` tokens.
+
+    Entries ``embed, qkv_proj, scores, softmax, pv, o_proj, mlp, head`` and ``total``
+    (summed over the ``L`` blocks where they occur). ``convention``:
+
+    * ``"book"``: this module's per-layer counts (:func:`layer_flops`) times ``L``; the
+      embedding is a row lookup (0 FLOPs); the output head ``(T, D) @ (D, V)`` costs
+      ``2 T D V``. Scores and ``P V`` over the full ``T x T`` square, as a kernel that
+      computes the masked entries and discards them does.
+    * ``"causal"``: the same, but query ``t`` (1-based) meets only ``t`` keys, so scores,
+      ``P V`` and softmax cover ``T (T + 1) / 2`` pairs: ``2 D T (T + 1) / 2`` each per layer.
+    * ``"kaplan"``: Kaplan et al. (2020), Table 1, times ``T``: embedding ``4 D`` per token,
+      ``2 n_ctx d_attn`` per layer and token for the attention core with ``n_ctx = T``
+      (split evenly here between scores and ``P V``; it is the causal half of the book's
+      ``4 T D``), no softmax, de-embedding ``2 D V``.
+    * ``"chinchilla"``: Hoffmann et al. (2022), Appendix F: embeddings ``2 T V D`` (a
+      one-hot product), softmax ``3 H T^2`` per layer, full square, output head ``2 T D V``.
+    """
+    if convention not in _CONVENTIONS:
+        raise ValueError(f"convention must be one of {_CONVENTIONS}, got {convention!r}")
+    for name, val in (("T", T), ("D", D), ("L", L), ("H", H), ("D_ff", D_ff), ("V", V)):
+        if int(val) != val or val <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {val!r}")
+    layer = layer_flops(T, D, H, D_ff)
+    out = {
+        "embed": 0,
+        "qkv_proj": L * (layer["q_proj"] + layer["k_proj"] + layer["v_proj"]),
+        "scores": L * layer["scores"],
+        "softmax": L * layer["softmax"],
+        "pv": L * layer["pv"],
+        "o_proj": L * layer["o_proj"],
+        "mlp": L * layer["mlp"],
+        "head": matmul_flops(T, D, V),
+    }
+    if convention == "causal":
+        pairs = T * (T + 1) // 2
+        out["scores"] = out["pv"] = L * 2 * D * pairs
+        out["softmax"] = L * H * pairs
+    elif convention == "kaplan":
+        out["embed"] = 4 * D * T
+        out["scores"] = out["pv"] = L * T * T * D          # 2 n_ctx d_attn per token, in two halves
+        out["softmax"] = 0
+    elif convention == "chinchilla":
+        out["embed"] = matmul_flops(T, V, D)
+        out["softmax"] = L * 3 * H * T * T
+    out["total"] = sum(out.values())
+    return out
+
+
+def non_embedding_params(D: int, L: int, D_ff: int) -> int:
+    """Weights in the blocks' matrices, ``L (4 D^2 + 2 D D_ff)``: Kaplan et al.'s ``N``
+    (``12 L D^2`` with ``D_ff = 4 D``), without biases, LayerNorms, embeddings or head."""
+    return L * (4 * D * D + 2 * D * D_ff)
+
+
+def kaplan_forward_flops_per_token(N: int, L: int, n_ctx: int, d_attn: int) -> int:
+    """Kaplan et al. (2020), eq. 2.2: ``C_forward = 2 N + 2 n_layer n_ctx d_attn`` per token
+    (training, forward plus backward, is three times that: ``6 N`` and more)."""
+    return 2 * N + 2 * L * n_ctx * d_attn
+
+
+def step_traffic(T_new: int, t: int, D: int, L: int, D_ff: int, b: int = 2, V: int = 0) -> dict:
+    """FLOPs and the least bytes moved by one forward step of a decoder with a KV cache.
+
+    ``T_new`` tokens enter (``T_new = t``: prefill of a prompt of ``t`` tokens; ``T_new = 1``:
+    one decoding step) and the context holds ``t`` tokens afterwards (``T_new <= t``). FLOPs:
+    ``L (T_new (8 D^2 + 4 D D_ff) + 4 T_new t D)`` (every new query meets all ``t`` keys, the
+    full square for prefill) plus ``2 T_new D V`` for an output head of width ``V``. Bytes:
+    every weight matrix read once, ``L (4 D^2 + 2 D D_ff)`` numbers (``+ D V`` for the head),
+    and the cache, ``2 L t D`` numbers (read by a decoding step, written by a prefill), at
+    ``b`` bytes each. Activations are left out, so the bytes are a lower bound and the
+    intensity an upper bound. Returns ``flops``, ``bytes`` and ``intensity`` (FLOPs per byte).
+    """
+    if not 1 <= T_new <= t:
+        raise ValueError(f"need 1 <= T_new <= t, got T_new={T_new}, t={t}")
+    flops = L * (T_new * (8 * D * D + 4 * D * D_ff) + 4 * T_new * t * D) + 2 * T_new * D * V
+    numbers = L * (4 * D * D + 2 * D * D_ff) + D * V + 2 * L * t * D
+    nbytes = numbers * dtype_bytes(b)
+    return {"flops": flops, "bytes": nbytes, "intensity": flops / nbytes}
