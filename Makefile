@@ -76,7 +76,7 @@ PROFILE_B := ATEN_CPU_CAPABILITY=default OPENBLAS_CORETYPE=Sandybridge MKL_CBWR=
 	ONEDNN_MAX_CPU_ISA=SSE41 OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 MKL_NUM_THREADS=2
 # Both runs always happen; the target fails if either failed. The whole suite runs last, so
 # its summary is the last line printed.
-test: $(STAMP) chromium
+test: $(STAMP) chromium bwrap
 	-$(MAKE) --no-print-directory book
 	-$(MAKE) --no-print-directory course-book
 	@status=0; \
