@@ -122,3 +122,16 @@ def test_snippet_is_silent_off_colab_and_installs_on_colab(capfd, monkeypatch):
     finally:
         InteractiveShell.clear_instance()
 
+
+
+def test_released_student_notebooks_do_not_name_the_repository(tmp_path):
+    """The snippet names the repository, which holds the solutions: release drops it."""
+    from tfbook.course import release
+
+    url = colab_cell.repository()[0].split("://", 1)[1]
+    chapter = ROOT / "notebooks" / "00_setup_and_notation.ipynb"
+    assert url in chapter.read_text(encoding="utf-8")              # the master names it
+    written = release([chapter], out=tmp_path, verbose=False)
+    student = next(iter(written.values())).read_text(encoding="utf-8")
+    assert url not in student
+    assert colab_cell.MARKER not in student

@@ -283,8 +283,13 @@ _TEST_MARKER = re.compile(r"^\s*#\s*NBVAL_[A-Z_]+\s*$")
 
 
 def strip_test_markers(nb):
-    """Remove the test suite's ``# NBVAL_...`` comment lines from every code cell (in place)."""
+    """Remove the test suite's ``# NBVAL_...`` comment lines and the Colab install snippet
+    (it names the repository, which holds the solutions) from every code cell (in place)."""
+    from ._colab import strip_snippet
+
     for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.source = strip_snippet(cell.source)
         if cell.cell_type == "code" and "NBVAL_" in cell.source:
             cell.source = "\n".join(l for l in cell.source.splitlines() if not _TEST_MARKER.match(l))
     return nb

@@ -25,13 +25,8 @@ import nbformat
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-MARKER = "# On Colab only: install the book's package"
-TEMPLATE = (
-    MARKER + " (does nothing elsewhere)\n"
-    "import sys\n"
-    'if "google.colab" in sys.modules:\n'
-    '    %pip install --quiet "tfbook[book] @ git+{url}@{branch}"\n'
-)
+sys.path.insert(0, str(ROOT))  # run from a checkout: the package next to tools/
+from tfbook._colab import MARKER, TEMPLATE, snippet, strip_snippet  # noqa: E402,F401
 
 
 def repository(config: Path = ROOT / "_config.yml") -> tuple[str, str]:
@@ -41,24 +36,6 @@ def repository(config: Path = ROOT / "_config.yml") -> tuple[str, str]:
     if not url.startswith("https://"):
         raise SystemExit(f"{config}: repository.url must be an https URL, got {url!r}")
     return url, branch
-
-
-def snippet(url: str, branch: str) -> str:
-    return TEMPLATE.format(url=url, branch=branch)
-
-
-def strip_snippet(source: str) -> str:
-    """``source`` without a leading snippet (any version of it) and the blank line after it."""
-    lines = source.splitlines(keepends=True)
-    if not lines or not lines[0].startswith(MARKER):
-        return source
-    for i, line in enumerate(lines):
-        if line.lstrip().startswith("%pip install"):
-            rest = lines[i + 1:]
-            if rest and not rest[0].strip():
-                rest = rest[1:]
-            return "".join(rest)
-    return source  # a marker without its install line: not ours, leave it
 
 
 def apply(nb, text: str) -> bool:

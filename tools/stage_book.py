@@ -42,8 +42,8 @@ import yaml
 from nbgrader.preprocessors import ClearHiddenTests, ClearSolutions
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-from colab_cell import strip_snippet  # noqa: E402  (tools/ is not a package)
+sys.path.insert(0, str(ROOT))
+from tfbook._colab import strip_snippet  # noqa: E402
 
 SOLUTION_PROMPT_SHOW = "Show solution"
 SOLUTION_PROMPT_HIDE = "Hide solution"
