@@ -425,7 +425,7 @@ class ViTConfig:
     num_layers: int = 2  # encoder blocks
     d_ff: int = 128  # MLP hidden width
     pooling: str = "cls"  # "cls": read a learned class token; "mean": average the patch tokens
-    pos: str = "1d"  # "1d" learned table, "2d" fixed 2D sinusoids, or "none"
+    pos: str = "1d"  # "1d" learned table, "2d" fixed 2D sinusoids, "2d-learned" row + column tables, "none"
     norm_first: bool = True  # Pre-LN, as in the ViT paper
     activation: str = "gelu"  # MLP non-linearity
     eps: float = 1e-5  # LayerNorm epsilon
@@ -440,7 +440,7 @@ class ViTConfig:
         _check_config(self.d_model, self.num_heads, self.d_ff, self.activation)
         V.check_positive_int("num_layers", self.num_layers)
         V.check_choice("pooling", self.pooling, ("cls", "mean"))
-        V.check_choice("pos", self.pos, ("1d", "2d", "none"))
+        V.check_choice("pos", self.pos, ("1d", "2d", "2d-learned", "none"))
         if self.pos == "2d" and self.d_model % 4:
             raise ValueError(f"pos='2d' needs d_model divisible by 4, got {self.d_model}")
 
@@ -478,6 +478,11 @@ class VisionTransformer(nn.Module):
             self.register_buffer("PE_2d", PE, persistent=False)  # (N, D), patches only
         else:
             self.PE_2d = None
+        if c.pos == "2d-learned":  # patch (r, c) gets row[r] + col[c]: 2 * grid * D numbers, patches only
+            self.pos_row = nn.Parameter(torch.randn(c.grid, D) * 0.02)
+            self.pos_col = nn.Parameter(torch.randn(c.grid, D) * 0.02)
+        else:
+            self.pos_row = self.pos_col = None
         self.blocks = nn.ModuleList(
             EncoderBlock(D, c.num_heads, c.d_ff, norm_first=c.norm_first,
                          activation=c.activation, eps=c.eps)
@@ -497,6 +502,8 @@ class VisionTransformer(nn.Module):
         X = self.patch_embed(images)  # (B, N, D)
         if self.PE_2d is not None:
             X = X + self.PE_2d.to(X.dtype)
+        if self.pos_row is not None:  # patches are numbered row by row: index r * grid + c
+            X = X + (self.pos_row[:, None, :] + self.pos_col[None, :, :]).reshape(-1, X.shape[-1])
         if self.cls_token is not None:
             cls = self.cls_token.expand(X.shape[0], -1, -1)  # (B, 1, D)
             X = torch.cat([cls, X], dim=1)  # (B, 1 + N, D)
