@@ -2,8 +2,8 @@
 evaluation, top-k / top-p sampling, and the shipped weights and scores.
 
 Everything here takes seconds except ``test_retraining_reproduces_first_steps`` (about half
-a minute per size on a 2-core CPU): a full retraining of the three sizes takes about 15
-minutes of one core, so it checks that the first 5 steps of the retraining reproduce the
+a minute per size on a 2-core CPU): a full retraining of the large model takes about 15
+minutes of one core (25 for all three), so it checks that the first 5 steps of the retraining reproduce the
 shipped histories (rtol 1e-4: early steps have not yet accumulated float32 round-off that
 depends on the machine's summation order).
 """
@@ -169,14 +169,13 @@ def test_shipped_scores_match_a_recomputation(splits):
 def test_shipped_models_beat_the_bigram_and_grow_better_with_size():
     s = prose.load_scores()
     tests = [s["models"][size]["test"] for size in ("small", "medium", "large")]
-    assert tests[0] > tests[1] > tests[2]  # the size curve falls
+    assert tests[0] > tests[1] > tests[2]  # the size curve falls (large also trains 2x the steps)
     assert tests[2] < s["baselines"]["2-gram"]["test"]
 
 
-@pytest.mark.xfail(reason="issue 14, expected in a later session: the shipped large model (1,000 CPU "
-                          "steps) scores 1.838 test bits per character, 7.8% below the 5-gram's 1.993; "
-                          "the bar (10%, i.e. <= 1.794) needs a longer run", strict=False)
 def test_shipped_model_beats_the_5gram_by_ten_percent():
+    """The bar, on the test slice (read once, by the regenerate command); measured: large
+    1.688 bits per character against the 5-gram's 1.993, 15% below."""
     s = prose.load_scores()
     assert s["models"]["large"]["test"] <= 0.9 * s["baselines"]["5-gram"]["test"]
 

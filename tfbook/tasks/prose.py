@@ -46,7 +46,7 @@ RECIPE = dict(val_fraction=0.05, test_fraction=0.05, batch_size=32, lr=3e-3, wei
 SIZES = {
     "small": dict(num_layers=2, d_model=64, num_heads=4, d_ff=256, steps=1000),
     "medium": dict(num_layers=3, d_model=96, num_heads=4, d_ff=384, steps=1000),
-    "large": dict(num_layers=4, d_model=128, num_heads=4, d_ff=512, steps=1000),
+    "large": dict(num_layers=4, d_model=128, num_heads=4, d_ff=512, steps=2000),
 }
 BLOCK_SIZE = 64
 ARTIFACTS = tuple(f"prose_{s}.pt" for s in SIZES) + ("prose_scores.json",)
@@ -140,9 +140,10 @@ def char_log_probs(model: DecoderLM, ids: torch.Tensor, stride: int | None = Non
         model.to(was)
 
 
-def bits_per_char(model: DecoderLM, ids: torch.Tensor, stride: int | None = None) -> float:
-    """Mean bits per character of ``ids[1:]`` under ``model`` (sliding window, float64)."""
-    return float(-char_log_probs(model, ids, stride).mean())
+def bits_per_char(model: DecoderLM, ids: torch.Tensor, stride: int | None = None, dtype=torch.float64
+                  ) -> float:
+    """Mean bits per character of ``ids[1:]`` under ``model`` (sliding window, float64 by default)."""
+    return float(-char_log_probs(model, ids, stride, dtype=dtype).to(torch.float64).mean())
 
 
 def evaluate(model: DecoderLM, split="validation", stride: int | None = None) -> float:
