@@ -37,7 +37,9 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tfbook"
 # Modules that need an extra beyond the core dependencies.
-EXTRA_MODULES = {"tfbook.course": "course"}
+EXTRA_MODULES = {m: "course" for m in ("tfbook.course", "tfbook.course_demo", "tfbook.course_driver",
+                                        "tfbook.course_grade", "tfbook.course_judge", "tfbook.course_report",
+                                        "tfbook.course_sandbox", "tfbook.course_wire")}
 SCENARIOS = {"core": (), "book": ("book",), "course": ("course",)}
 PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
 
