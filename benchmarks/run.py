@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    python benchmarks/run.py            # the full run: 5 to 10 minutes on 2 cores
+    python benchmarks/run.py            # the full run: about 80 s on an idle 2-core machine, minutes on a busy one
     python benchmarks/run.py --quick    # small sizes, under a minute
 
 It prints three tables and writes one CSV row per measurement to
