@@ -119,3 +119,20 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def processes_with(marker: str) -> list[int]:
+    """PIDs of the processes whose command line contains ``marker`` (Linux /proc): the grader
+    tests use it to see whether a submission's detached process outlived its grading."""
+    import os
+    from pathlib import Path
+
+    found = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                if marker.encode() in Path(f"/proc/{d}/cmdline").read_bytes():
+                    found.append(int(d))
+            except OSError:
+                pass
+    return found

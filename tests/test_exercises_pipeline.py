@@ -20,6 +20,7 @@ from pathlib import Path
 import nbformat
 import numpy as np
 import pytest
+from conftest import processes_with
 
 from tfbook import course, course_demo, course_sandbox
 
@@ -75,16 +76,6 @@ def test_find_leaks_detects_a_leak():
     assert course.find_leaks(master, solution, kinds=("hidden",)) == []
 
 
-def _processes_with(marker: str) -> list[int]:
-    found = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                if marker.encode() in Path(f"/proc/{d}/cmdline").read_bytes():
-                    found.append(int(d))
-            except OSError:
-                pass
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +104,7 @@ def graded(released, tmp_path_factory):
     after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(subs.rglob("*"))
              if p.is_file()}
     load = os.getloadavg()[1]  # over the last 5 minutes, the grading's own 2 jobs included
-    left = _processes_with(f"tfbook-detached-{tag}")
+    left = processes_with(f"tfbook-detached-{tag}")
     written = [p for p in outside if p.exists()]
     for p in written:
         p.unlink()

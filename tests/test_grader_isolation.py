@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import processes_with
 
 from tfbook import course, course_demo, course_grade, course_sandbox, course_wire
 
@@ -26,16 +27,6 @@ CH0 = course_demo.CH0
 MASTER = ROOT / "notebooks" / f"{CH0}.ipynb"
 
 
-def _processes_with(marker: str) -> list[int]:
-    found = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                if marker.encode() in Path(f"/proc/{d}/cmdline").read_bytes():
-                    found.append(int(d))
-            except OSError:
-                pass
-    return found
 
 
 @pytest.mark.skipif(not MASTER.exists(), reason="chapter 0 not written yet")
@@ -63,11 +54,11 @@ def test_attacks_succeed_without_the_sandbox(tmp_path):
         assert victim.read_bytes() != before  # a classmate's original was overwritten
         assert marker_checkout.exists()  # the checkout was written to
         assert (out / f"attack-{tag}.txt").exists()  # and the gradebook's folder
-        assert _processes_with(f"tfbook-detached-{tag}")  # a process outlived the batch
+        assert processes_with(f"tfbook-detached-{tag}")  # a process outlived the batch
     finally:
         server.close()
         marker_checkout.unlink(missing_ok=True)
-        for pid in _processes_with(f"tfbook-detached-{tag}"):
+        for pid in processes_with(f"tfbook-detached-{tag}"):
             os.kill(pid, signal.SIGKILL)
 
 
