@@ -94,3 +94,16 @@ def test_wire_refuses_what_is_not_plain_data():
     with pytest.raises(course_wire.Undecodable):
         course_wire.decode({"t": "pickle", "v": base64.b64encode(pickle.dumps(1)).decode()})
     assert course_wire.safe_type_name(type("Leak_1e4", (), {})()) == "an object"
+
+
+def test_a_checkout_under_tmp_stays_visible(monkeypatch):
+    """A CI clone (venv and package) under /tmp must not be hidden by the sandbox's fresh /tmp:
+    the read-only binds come after the tmpfs mounted on /tmp."""
+    clone = Path("/tmp/some-ci-clone")
+    monkeypatch.setattr(course_sandbox, "_read_only_paths", lambda: [clone / ".venv", clone / "tfbook"])
+    cmd = course_sandbox.bwrap_command({}, ["true"])
+    tmpfs_tmp = max(i for i in range(len(cmd) - 1) if cmd[i] == "--tmpfs" and cmd[i + 1] == "/tmp")
+    for path in (clone / ".venv", clone / "tfbook"):
+        bind = next(i for i in range(len(cmd) - 2)
+                    if cmd[i] == "--ro-bind" and cmd[i + 1] == str(path) and cmd[i + 2] == str(path))
+        assert bind > tmpfs_tmp, f"{path} is bound before /tmp is mounted over it"

@@ -135,6 +135,13 @@ def bwrap_command(files: dict[str, Path], argv: list[str], limits: Limits | None
             cmd += ["--ro-bind", p, p]
             made.add(p)
             bound.append(p)
+    # /proc, /dev and the scratch /tmp and /dev/shm come before the read-only binds of the
+    # venv and the package: a checkout or venv under /tmp (a CI clone) would otherwise be
+    # hidden by the fresh /tmp mounted over it.
+    cmd += ["--proc", "/proc", "--dev", "/dev",
+            "--perms", "1777", "--size", str(limits.scratch_bytes), "--tmpfs", "/tmp",
+            "--perms", "1777", "--size", str(limits.shm_bytes), "--tmpfs", "/dev/shm"]
+    made.update({"/proc", "/dev", "/tmp", "/dev/shm"})
     for p in _read_only_paths():
         if any(str(p) == b or str(p).startswith(b + "/") for b in bound):
             continue
@@ -152,9 +159,7 @@ def bwrap_command(files: dict[str, Path], argv: list[str], limits: Limits | None
             cmd += ["--perms", "1777", "--dir", parent]
             made.add(parent)
         cmd += ["--ro-bind", str(files[rel]), f"{INSIDE}/{rel}"]
-    cmd += ["--chdir", INSIDE, "--proc", "/proc", "--dev", "/dev",
-            "--perms", "1777", "--size", str(limits.scratch_bytes), "--tmpfs", "/tmp",
-            "--perms", "1777", "--size", str(limits.shm_bytes), "--tmpfs", "/dev/shm",
+    cmd += ["--chdir", INSIDE,
             "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv"]
     if os.geteuid() == 0:
