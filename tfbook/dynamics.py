@@ -34,6 +34,9 @@ from .torch.training import train
 SCALES = {"1/sqrt(D_K)": lambda D_K: 1 / math.sqrt(D_K), "1/D_K": lambda D_K: 1 / D_K, "none": lambda D_K: 1.0}
 WARMUP_CURVES = Path(__file__).parent / "weights" / "ch8_warmup_curves.json"
 WARMUP_RECIPE = dict(L=6, D=32, H=2, V=10, T=8, B=32, steps=200, lr=1e-2, warmup=50, seeds=(0, 1, 2))
+#: chapter 8's bar on the warm-up experiment (mean loss of the last 20 steps, nats; chance is
+#: log 10 = 2.30): Post-LN without warm-up did not learn, every other run learned
+WARMUP_FAILED_ABOVE, WARMUP_LEARNED_BELOW = 1.5, 1.0
 
 
 # --------------------------------------------------------------------------------------------
@@ -198,6 +201,15 @@ def warmup_experiment(recipe: dict = WARMUP_RECIPE) -> dict:
 def load_warmup_curves(path=WARMUP_CURVES) -> dict:
     """The shipped result of :func:`warmup_experiment` (see the module docstring)."""
     return json.loads(Path(path).read_text())
+
+
+def meets_warmup_bar(curves: dict) -> bool:
+    """Every seed of "Post-LN, no warm-up" ends above :data:`WARMUP_FAILED_ABOVE`, every seed
+    of the three other runs below :data:`WARMUP_LEARNED_BELOW` (chapter 8's claim)."""
+    final = {name: [final_loss(c) for c in runs] for name, runs in curves.items()}
+    others = [v for k, v in final.items() if k != "Post-LN, no warm-up"]
+    return (min(final["Post-LN, no warm-up"]) > WARMUP_FAILED_ABOVE and len(others) == 3
+            and max(max(v) for v in others) < WARMUP_LEARNED_BELOW)
 
 
 def final_loss(curve, last: int = 20) -> float:
