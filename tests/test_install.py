@@ -202,11 +202,10 @@ for rel in args["data_files"]:
 
 if args["load_data"]:
     def load():
-        from tfbook import data, lm_tasks, number_words_task, vit_digits
+        from tfbook import data, tasks
         assert len(data.load_corpus()) > 1000
-        lm_tasks.load_model("corpus")
-        number_words_task.load_pretrained()
-        vit_digits.load("cls-1d")
+        for name in tasks.TASKS:                       # every task's shipped weights and history
+            getattr(tasks, name).load_pretrained()
         assert data.load_digits_images().X_train.shape[1:] == (1, 8, 8)
         json.loads(root.joinpath("weights/number_words_losses.json").read_text())
     attempt("load the shipped data", load)
