@@ -26,7 +26,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout: the package next to tools/
-from tfbook._colab import MARKER, TEMPLATE, snippet, strip_snippet  # noqa: E402,F401
+from tfbook._colab import MARKER, snippet, strip_snippet  # noqa: E402,F401  (MARKER: for the tests)
 
 
 def repository(config: Path = ROOT / "_config.yml") -> tuple[str, str]:
