@@ -1172,3 +1172,15 @@ def linear_attention(Q, K, V, feature_map="elu1", causal=False):
         num = fQ @ KV
         den = fQ @ np.sum(fK, axis=-2)[..., :, None]  # (..., T_q, 1)
     return (num / den).astype(np.result_type(Q, K, V), copy=False)
+
+
+# Components of the training chapter (cross-entropy and the backward passes) and of the
+# modern-decoder chapter (RMSNorm, SwiGLU, RoPE attention, grouped-query attention) live in
+# their own files; they are part of this module's API, listed in its __all__.
+from tfbook import _numpy_modern as _modern_mod  # noqa: E402
+from tfbook import _numpy_training as _training_mod  # noqa: E402
+
+for _mod in (_training_mod, _modern_mod):
+    globals().update({_n: getattr(_mod, _n) for _n in _mod.__all__})
+    __all__ += [_n for _n in _mod.__all__ if _n not in __all__]
+del _mod

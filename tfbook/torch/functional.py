@@ -764,3 +764,13 @@ def linear_attention(Q, K, V, feature_map="elu1", causal=False):
         num = fQ @ (fK.transpose(-1, -2) @ V)
         den = fQ @ fK.sum(dim=-2)[..., :, None]
     return num / den
+
+
+# The twins of tfbook._numpy_training and tfbook._numpy_modern, in their own files.
+from tfbook.torch import _functional_modern as _modern_mod  # noqa: E402
+from tfbook.torch import _functional_training as _training_mod  # noqa: E402
+
+for _mod in (_training_mod, _modern_mod):
+    globals().update({_n: getattr(_mod, _n) for _n in _mod.__all__})
+    __all__ += [_n for _n in _mod.__all__ if _n not in __all__]
+del _mod

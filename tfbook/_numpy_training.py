@@ -1,0 +1,3 @@
+"""NumPy components of the training chapter, re-exported by :mod:`tfbook.numpy` (stub)."""
+
+__all__: list[str] = []

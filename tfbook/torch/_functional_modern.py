@@ -1,0 +1,3 @@
+"""PyTorch twins of :mod:`tfbook._numpy_modern`, re-exported by :mod:`tfbook.torch.functional` (stub)."""
+
+__all__: list[str] = []
