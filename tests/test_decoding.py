@@ -1,4 +1,4 @@
-"""tfbook.decoding: beam search for the encoder-decoder (chapter 11).
+"""tfbook.decoding: beam search for the encoder-decoder (chapter 12).
 
 On the shipped number-words model in float64: beam width 1 is greedy decoding exactly, and
 every beam search finds a sequence whose log-probability is at least greedy's, on all 1,000

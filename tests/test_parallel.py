@@ -1,4 +1,4 @@
-"""tfbook.parallel: two gloo processes on 127.0.0.1 give the single-process gradients (chapter 16).
+"""tfbook.parallel: two gloo processes on 127.0.0.1 give the single-process gradients (chapter 18).
 
 One real two-process run with the default start method (fork on Linux; module fixture,
 a few seconds) is shared by most tests below; one more run uses spawn, the portable start

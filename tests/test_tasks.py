@@ -110,6 +110,6 @@ def test_cli_writes_into_out(tmp_path, monkeypatch):
     real = mod.train
     monkeypatch.setattr(mod, "train", lambda disable=False: real(steps=2))
     mod.main(["--out", str(tmp_path)])
-    assert (tmp_path / "ch12_addition.pt").is_file()
-    _, h = mod.load_pretrained(tmp_path / "ch12_addition.pt")
+    assert (tmp_path / "lm_addition.pt").is_file()
+    _, h = mod.load_pretrained(tmp_path / "lm_addition.pt")
     assert len(h.loss) == 2

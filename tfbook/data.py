@@ -404,7 +404,7 @@ def load_corpus(name: str = "tiny_corpus") -> str:
 
     ``"tiny_corpus"`` is a few kilobytes of plain English prose written for this
     project (a story about a lighthouse keeper who counts and a note on how a reader
-    attends to words), used to train the small language model of chapter 12.
+    attends to words), used to train the small language model of chapter 13.
     """
     folder = resources.files("tfbook") / "corpus"
     path = folder / f"{name}.txt"

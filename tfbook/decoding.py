@@ -1,4 +1,4 @@
-"""Beam search for the encoder-decoder (chapter 11), and the log-probability of a decoded sequence.
+"""Beam search for the encoder-decoder (chapter 12), and the log-probability of a decoded sequence.
 
 Greedy decoding (``EncoderDecoder.greedy_decode``) keeps one partial output and extends it by
 its most likely next token. Beam search keeps the ``beam_width`` partial outputs with the

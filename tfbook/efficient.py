@@ -1,4 +1,4 @@
-"""Efficient attention, measured: the pieces of chapter 15 that count rather than time.
+"""Efficient attention, measured: the pieces of chapter 17 that count rather than time.
 
 * :class:`FastMemory` and the two IO simulators :func:`naive_attention_io` and
   :func:`tiled_attention_io` count the numbers moved between a slow memory (HBM) and a fast

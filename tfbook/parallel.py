@@ -1,6 +1,6 @@
 """Data parallelism on one machine: several processes, ``torch.distributed`` with gloo, 127.0.0.1 only.
 
-Chapter 16 runs :func:`run_data_parallel`, which starts ``world_size`` processes (forked on
+Chapter 18 runs :func:`run_data_parallel`, which starts ``world_size`` processes (forked on
 Linux, spawned elsewhere: a spawned worker is a fresh interpreter, so the worker function
 :func:`_data_parallel_worker` lives here, in an importable module). Every process builds
 the same small float64 :class:`~tfbook.torch.models.DecoderLM` from the same seed, takes
@@ -148,7 +148,7 @@ def single_process_run(cfg: DPConfig = DPConfig()) -> dict:
 
 
 # ---------------------------------------------------------------------------------------
-# Online-softmax states (chapter 15) for context parallelism
+# Online-softmax states (chapter 17) for context parallelism
 # ---------------------------------------------------------------------------------------
 
 

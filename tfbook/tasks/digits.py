@@ -1,4 +1,4 @@
-"""The Vision Transformer of chapter 13 on scikit-learn's 8x8 digits: six variants, three seeds each.
+"""The Vision Transformer of chapter 15 on scikit-learn's 8x8 digits: six variants, three seeds each.
 
 Training every variant and seed the chapter compares takes about half an hour on a shared
 2-core CPU, longer than a chapter may run, so the trained weights ship in ``tfbook/weights/``

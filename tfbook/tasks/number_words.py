@@ -1,4 +1,4 @@
-"""Number words to digits: the translation task of chapter 11, and its shipped weights.
+"""Number words to digits: the translation task of chapter 12, and its shipped weights.
 
 A small :class:`~tfbook.torch.models.EncoderDecoder` learns to turn British number words
 into digits, ``"four thousand two hundred and seven"`` -> ``"4207"``, for ``0..9999``.
@@ -17,7 +17,7 @@ ship in ``tfbook/weights/``; :func:`load_pretrained` reads both. Regenerate them
 
     python -m tfbook.tasks.number_words            # or --out DIR
 
-(``tests/test_ch11_weights.py`` retrains once and checks the result agrees.)
+(``tests/test_number_words_weights.py`` retrains once and checks the result agrees.)
 """
 
 from __future__ import annotations

@@ -1,3 +1,270 @@
-"""PyTorch twins of :mod:`tfbook._numpy_modern`, re-exported by :mod:`tfbook.torch.functional` (stub)."""
+"""PyTorch twins of :mod:`tfbook._numpy_modern`, re-exported by :mod:`tfbook.torch.functional`.
 
-__all__: list[str] = []
+Same names, arguments and semantics as the NumPy functions (RMSNorm, SiLU, SwiGLU, tanh
+GELU, the two rotary layouts, rotary attention, grouped-query attention). Each spells out
+its formula; the tests compare it with PyTorch's built-in (``F.rms_norm``, ``F.silu``,
+``F.gelu(approximate="tanh")``, ``F.scaled_dot_product_attention(enable_gqa=True)``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .. import _validate as _v
+from .._numpy_modern import _ROPE_LAYOUTS, _check_gqa_heads, _head_mask
+
+__all__ = [
+    "rms_norm",
+    "silu",
+    "swiglu",
+    "gelu_tanh",
+    "rope_rotate_half",
+    "rope_permutation",
+    "rope_attention",
+    "grouped_query_attention",
+]
+
+
+def _tensor(x, name: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    return x
+
+
+def _float(x, name: str) -> torch.Tensor:
+    x = _tensor(x, name)
+    _v.check_floating(name, x)
+    return x
+
+
+# ---------------------------------------------------------------------------
+# Norm and activations
+# ---------------------------------------------------------------------------
+
+
+def rms_norm(X, gamma, eps=1e-6):
+    """RMSNorm ``X / sqrt(mean(X**2) + eps) * gamma`` over the last axis; ``gamma (D,)`` or None.
+    Equal to ``F.rms_norm(X, (D,), gamma, eps)`` (the modules call that fused kernel)."""
+    X = _float(X, "X")
+    _v.check_ndim("X", X, 1, what="(..., D)")
+    if gamma is not None:
+        _tensor(gamma, "gamma")
+        _v.check_vector("gamma", gamma, X.shape[-1], "D")
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps!r} (X: {tuple(X.shape)})")
+    ms = (X * X).mean(dim=-1, keepdim=True)  # (..., 1)
+    Y = X / torch.sqrt(ms + eps)
+    return Y if gamma is None else Y * gamma
+
+
+def silu(x):
+    """SiLU ``x * sigmoid(x)`` (equal to ``F.silu``)."""
+    x = _float(x, "x")
+    return x * torch.sigmoid(x)
+
+
+def _check_swiglu_params(params, D, name="params"):
+    _v.check_params(name, params, ("W_gate", "W_up", "W_down"))
+    for k in ("W_gate", "W_up", "W_down"):
+        _tensor(params[k], f"{name}['{k}']")
+    _v.check_matrix(f"{name}['W_gate']", params["W_gate"], D, None, "(D, D_ff)")
+    D_ff = params["W_gate"].shape[1]
+    _v.check_matrix(f"{name}['W_up']", params["W_up"], D, D_ff, "(D, D_ff)")
+    _v.check_matrix(f"{name}['W_down']", params["W_down"], D_ff, D, "(D_ff, D)")
+
+
+def swiglu(X, params):
+    """Gated MLP ``(silu(X W_gate) * (X W_up)) W_down``; ``W_gate, W_up (D, D_ff)``, ``W_down (D_ff, D)``."""
+    X = _float(X, "X")
+    _v.check_ndim("X", X, 1, what="(..., D)")
+    _check_swiglu_params(params, X.shape[-1])
+    return (silu(X @ params["W_gate"]) * (X @ params["W_up"])) @ params["W_down"]
+
+
+def gelu_tanh(x):
+    """GELU, tanh approximation ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x**3)))``
+    (equal to ``F.gelu(x, approximate="tanh")``)."""
+    x = _float(x, "x")
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+# ---------------------------------------------------------------------------
+# Rotary positions
+# ---------------------------------------------------------------------------
+
+
+def _angles(T, D, positions, base, X):
+    if positions is None:
+        positions = torch.arange(T, device=X.device)
+    _tensor(positions, "positions")
+    if positions.ndim == 0 or positions.shape[-1] != T:
+        raise ValueError(f"positions must have shape (..., T) with T={T}, got {tuple(positions.shape)} "
+                         f"(X: {tuple(X.shape)})")
+    _v.broadcast_batch({"X": tuple(X.shape[:-2]), "positions": tuple(positions.shape[:-1])})
+    omega = base ** (-torch.arange(0, D, 2, dtype=torch.float64, device=X.device) / D)  # (D/2,)
+    return positions.to(torch.float64)[..., None] * omega  # (..., T, D/2)
+
+
+def rope_rotate_half(X, positions=None, base=10000.0):
+    """Rotary positions, rotate-half layout: pair ``i`` is ``(i, i + D/2)``; see
+    :func:`tfbook.numpy.rope_rotate_half`. ``X (..., T, D)``, ``positions (..., T)``."""
+    X = _float(X, "X")
+    _v.check_ndim("X", X, 2, what="(..., T, D)")
+    T, D = X.shape[-2:]
+    if D % 2:
+        raise ValueError(f"X has D={D}, which must be even for rope (X: {tuple(X.shape)})")
+    theta = _angles(T, D, positions, base, X)
+    c, s = torch.cos(theta).to(X.dtype), torch.sin(theta).to(X.dtype)
+    x1, x2 = X[..., : D // 2], X[..., D // 2:]
+    return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1)
+
+
+def rope_permutation(D, device=None):
+    """``[0, 2, ..., D-2, 1, 3, ..., D-1]`` (int64): ``rope_rotate_half(X[..., p]) == rope(X)[..., p]``."""
+    D = _v.check_positive_int("D", D)
+    if D % 2:
+        raise ValueError(f"D={D} must be even (rope rotates pairs of coordinates)")
+    return torch.cat([torch.arange(0, D, 2, device=device), torch.arange(1, D, 2, device=device)])
+
+
+def _rope(X, positions, base, layout, name):
+    from .functional import rope
+
+    try:
+        return rope(X, positions, base) if layout == "interleaved" else rope_rotate_half(X, positions, base)
+    except ValueError as e:
+        msg = str(e).replace("positions", name).replace("X:", f"{name[0].upper()}:")
+        raise ValueError(msg) from None
+
+
+def _attention_positions(Q, K, q_positions, k_positions):
+    T_q, T_k = Q.shape[-2], K.shape[-2]
+    if k_positions is None:
+        k_positions = torch.arange(T_k, device=K.device)
+    _tensor(k_positions, "k_positions")
+    if q_positions is None:
+        if k_positions.ndim == 0 or k_positions.shape[-1] != T_k:
+            raise ValueError(f"k_positions must have shape (..., T_k) with T_k={T_k}, got "
+                             f"{tuple(k_positions.shape)} (K: {tuple(K.shape)})")
+        if T_q > T_k:
+            raise ValueError(f"q_positions is required when T_q={T_q} > T_k={T_k}: queries default to the "
+                             f"last T_q key positions (Q: {tuple(Q.shape)}, K: {tuple(K.shape)})")
+        q_positions = k_positions[..., T_k - T_q:]
+    return q_positions, k_positions
+
+
+def rope_attention(Q, K, V, mask=None, layout="interleaved", q_positions=None, k_positions=None,
+                   base=10000.0, scale=None):
+    """Rotate ``Q`` and ``K`` (``layout`` "interleaved" or "half"), then scaled dot-product
+    attention; returns ``(Z, P)``. See :func:`tfbook.numpy.rope_attention`."""
+    from .functional import scaled_dot_product_attention
+
+    Q, K, V = _float(Q, "Q"), _float(K, "K"), _float(V, "V")
+    _v.check_qkv(Q, K, V)
+    _v.check_choice("layout", layout, _ROPE_LAYOUTS)
+    if Q.shape[-1] % 2:
+        raise ValueError(f"Q has D_K={Q.shape[-1]}, which must be even for rope "
+                         f"(Q: {tuple(Q.shape)}, K: {tuple(K.shape)})")
+    q_positions, k_positions = _attention_positions(Q, K, q_positions, k_positions)
+    Q = _rope(Q, q_positions, base, layout, "q_positions")
+    K = _rope(K, k_positions, base, layout, "k_positions")
+    return scaled_dot_product_attention(Q, K, V, mask=mask, scale=scale)
+
+
+# ---------------------------------------------------------------------------
+# Grouped-query attention
+# ---------------------------------------------------------------------------
+
+
+def _check_gqa_params(params, D, D_kv, name="params"):
+    _v.check_params(name, params, ("W_Q", "W_K", "W_V", "W_O"))
+    sizes = {"Q": (D, "(D, D)"), "K": (D_kv, "(D, H_kv * D_K)"), "V": (D_kv, "(D, H_kv * D_K)"),
+             "O": (D, "(D, D)")}
+    for k, (cols, label) in sizes.items():
+        _tensor(params[f"W_{k}"], f"{name}['W_{k}']")
+        _v.check_matrix(f"{name}['W_{k}']", params[f"W_{k}"], D, cols, label)
+        b = params.get(f"b_{k}")
+        if b is not None:
+            _tensor(b, f"{name}['b_{k}']")
+            _v.check_vector(f"{name}['b_{k}']", b, cols, "D" if cols == D else "H_kv * D_K")
+
+
+def _gqa_attend(Q, K, V, mask=None, return_attention=True):
+    """The attention core of grouped-query attention: ``Q (..., H, T_q, D_K)`` against
+    ``K, V (..., H_kv, T_kv, D_K)``; returns ``(Z (..., H, T_q, D_K), P or None)``.
+
+    ``return_attention=True``: the key/value heads are repeated (``repeat_interleave``) and
+    the textbook attention forms ``P``. ``False``: PyTorch's fused kernel with
+    ``enable_gqa=True``, which reads each key/value head for its whole group without
+    copying it; a fully masked query row is zeroed afterwards (no NaN), as in
+    :func:`tfbook.torch.functional._attend`. No shape checks here (callers check).
+    """
+    from .functional import scaled_dot_product_attention
+
+    G = Q.shape[-3] // K.shape[-3]
+    if return_attention:
+        K, V = K.repeat_interleave(G, dim=-3), V.repeat_interleave(G, dim=-3)  # (..., H, T_kv, D_K)
+        return scaled_dot_product_attention(Q, K, V, mask=mask)
+    if mask is None:
+        return F.scaled_dot_product_attention(Q, K, V, enable_gqa=True), None
+    mask = mask.to(Q.device)
+    row_ok = mask.any(dim=-1, keepdim=True)
+    if bool(row_ok.all()):
+        return F.scaled_dot_product_attention(Q, K, V, attn_mask=mask, enable_gqa=True), None
+    Z = F.scaled_dot_product_attention(Q, K, V, attn_mask=mask | ~row_ok, enable_gqa=True)
+    return Z.masked_fill(~row_ok, 0.0), None
+
+
+def grouped_query_attention(X_q, X_kv, params, num_heads, num_kv_heads, mask=None, rope=None,
+                            base=10000.0):
+    """Grouped-query attention; see :func:`tfbook.numpy.grouped_query_attention`.
+
+    ``W_Q, W_O (D, D)``, ``W_K, W_V (D, H_kv * D_K)``; returns ``Z (..., T_q, D)`` and
+    ``P (..., H, T_q, T_kv)``.
+    """
+    return _grouped_query_attention(X_q, X_kv, params, num_heads, num_kv_heads, mask, rope, base)
+
+
+def _grouped_query_attention(X_q, X_kv, params, num_heads, num_kv_heads, mask=None, rope=None,
+                             base=10000.0, return_attention=True):
+    from .functional import merge_heads, split_heads
+
+    X_q, X_kv = _float(X_q, "X_q"), _float(X_kv, "X_kv")
+    _v.check_ndim("X_q", X_q, 2, what="(..., T_q, D)")
+    _v.check_ndim("X_kv", X_kv, 2, what="(..., T_kv, D)")
+    D = X_q.shape[-1]
+    if X_kv.shape[-1] != D:
+        raise ValueError(f"X_q has D={D} but X_kv has D={X_kv.shape[-1]} "
+                         f"(X_q: {tuple(X_q.shape)}, X_kv: {tuple(X_kv.shape)})")
+    H, H_kv, D_K = _check_gqa_heads(D, num_heads, num_kv_heads, tuple(X_q.shape))
+    _check_gqa_params(params, D, H_kv * D_K)
+    if rope is not None:
+        _v.check_choice("rope", rope, _ROPE_LAYOUTS)
+        if D_K % 2:
+            raise ValueError(f"rope needs an even head width, got D_K = D / H = {D_K} (X_q: {tuple(X_q.shape)})")
+    T_q, T_kv = X_q.shape[-2], X_kv.shape[-2]
+    if rope is not None and T_q > T_kv:
+        raise ValueError(f"rope places the queries at the last T_q key positions, so T_q={T_q} must be <= "
+                         f"T_kv={T_kv} (X_q: {tuple(X_q.shape)}, X_kv: {tuple(X_kv.shape)})")
+    batch = _v.broadcast_batch({"X_q": tuple(X_q.shape[:-2]), "X_kv": tuple(X_kv.shape[:-2])})
+    if mask is not None:
+        _tensor(mask, "mask")
+        mask = _head_mask(mask, X_q.ndim, batch, T_q, T_kv, H, _v.check_mask)
+
+    def lin(X, k):
+        b = params.get(f"b_{k}")
+        Y = X @ params[f"W_{k}"]
+        return Y if b is None else Y + b
+
+    Q = split_heads(lin(X_q, "Q"), H)  # (..., H, T_q, D_K)
+    K = split_heads(lin(X_kv, "K"), H_kv)  # (..., H_kv, T_kv, D_K)
+    V = split_heads(lin(X_kv, "V"), H_kv)  # (..., H_kv, T_kv, D_K)
+    if rope is not None:
+        pos_k = torch.arange(T_kv, device=X_q.device)
+        Q = _rope(Q, pos_k[T_kv - T_q:], base, rope, "q_positions")
+        K = _rope(K, pos_k, base, rope, "k_positions")
+    Z, P = _gqa_attend(Q, K, V, mask=mask, return_attention=return_attention)
+    return lin(merge_heads(Z), "O"), P

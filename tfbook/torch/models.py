@@ -3,11 +3,11 @@
 Three families, each a frozen configuration dataclass plus an ``nn.Module``:
 
 * :class:`EncoderDecoderConfig`, :class:`EncoderDecoder` -- sequence to sequence
-  (chapter 11: number words to digits);
+  (chapter 12: number words to digits);
 * :class:`DecoderLMConfig`, :class:`DecoderLM` -- a decoder-only language model with a
-  KV cache for generation (chapters 10 and 12);
+  KV cache for generation (chapters 11 and 13);
 * :class:`ViTConfig`, :class:`VisionTransformer` -- an image classifier over patches
-  (chapter 13).
+  (chapter 15).
 
 The defaults are sized to train on a 2-core CPU in well under a minute. Training helpers
 at the end (:func:`train_steps`, a short form of the one loop

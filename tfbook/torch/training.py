@@ -1,9 +1,9 @@
 """The one training loop of tfbook.
 
-Every model of the book is trained by :func:`train`: chapter 10's character model (through
+Every model of the book is trained by :func:`train`: chapter 11's character model (through
 the short :func:`tfbook.torch.models.train_steps`), and every task of :mod:`tfbook.tasks`
-(the number words of chapter 11, addition and the corpus of chapter 12, the digits of
-chapter 13). A task supplies three things: the model, ``loss_fn(model, *batch) -> scalar``
+(the number words of chapter 12, addition and the corpus of chapter 13, the digits of
+chapter 15). A task supplies three things: the model, ``loss_fn(model, *batch) -> scalar``
 and ``batch_fn(generator) -> batch``; the loop owns everything else:
 
 * AdamW with decoupled weight decay, gradient clipping, a learning-rate schedule

@@ -1,4 +1,4 @@
-"""The shipped number-words weights of chapter 11 reproduce, and meet the chapter's bar.
+"""The shipped number-words weights of chapter 12 reproduce, and meet the chapter's bar.
 
 ``test_shipped_weights_meet_the_bar`` is fast (a second). ``test_retraining_reproduces``
 is slow (about 1.5 to 4 minutes on a 2-core CPU): it retrains from scratch with the recipe

@@ -1,4 +1,4 @@
-"""The shipped weights of chapter 12 meet the chapter's bars and reproduce from their recipe.
+"""The shipped weights of chapter 13 meet the chapter's bars and reproduce from their recipe.
 
 ``test_shipped_*`` are fast (seconds). ``test_retraining_reproduces_*`` are SLOW (about
 1 to 3 minutes each on a 2-core CPU): they retrain from scratch with the recipes in

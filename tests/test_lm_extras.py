@@ -1,5 +1,5 @@
 """tfbook.tasks.addition and tfbook.tasks.corpus: the data, targets and metrics behind
-chapter 12 (fast).
+chapter 13 (fast).
 
 Tolerances: ``1e-12`` where two float64 computations agree in exact arithmetic; float16
 round trips are compared with the float16-rounded weights, so they are exact too.

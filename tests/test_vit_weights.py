@@ -1,4 +1,4 @@
-"""The shipped Vision Transformer weights of chapter 13 reproduce, and meet the chapter's bars.
+"""The shipped Vision Transformer weights of chapter 15 reproduce, and meet the chapter's bars.
 
 Every variant ships with every seed of ``tfbook.tasks.digits.SEEDS`` (float16 weights). The
 recipe never sees the 450 test images: training uses the training split less a stratified
