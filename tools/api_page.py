@@ -1,9 +1,9 @@
 """Generate the package reference page of the book, ``book/api.md``, from the package itself.
 
-Every public module of ``tfbook`` gets a table of the names in its ``__all__`` (in that
+Every public module of ``tfbook`` gets a list of the names in its ``__all__`` (in that
 order): the signature, without type annotations and with default values as written in the
 source, and the first paragraph of the docstring. The functions of ``tfbook.numpy`` and
-``tfbook.torch.functional`` share one table with a column saying which backend has each.
+``tfbook.torch.functional`` share one list that says which backends have each.
 Modules are found by walking the package, so a new module appears without editing this
 file (``PREFERRED`` only fixes the order of the known ones). Usage::
 
@@ -39,7 +39,7 @@ PAGE = ROOT / "book" / "api.md"
 COMMAND = "python tools/api_page.py"
 
 # Known modules in reading order; any other public module found in the package follows them
-# (alphabetically). The two function modules of the backends are merged into one table.
+# (alphabetically). The two function modules of the backends are merged into one list.
 BACKENDS = ("tfbook.numpy", "tfbook.torch.functional")
 PREFERRED = (
     "tfbook",
@@ -50,10 +50,11 @@ PREFERRED = (
     "tfbook.decoding", "tfbook.positions", "tfbook.efficient", "tfbook.cost",
     "tfbook.measure", "tfbook.dynamics", "tfbook.parallel", "tfbook.checks",
 )
-# Modules that only re-export others: described in the text, not tabled.
+# Modules that only re-export others: described in the text, not listed.
 AGGREGATES = ("tfbook.torch",)
 UNDOCUMENTED = "(undocumented)"
-COURSE_PREFIX = "tfbook.course"  # the grading tools: one short table, module by module
+BOTH = "NumPy and PyTorch"
+COURSE_PREFIX = "tfbook.course"  # the grading tools: one short list, module by module
 
 
 # ---------------------------------------------------------------- discovering the package
@@ -247,7 +248,7 @@ def _type_name(value) -> str:
 # ---------------------------------------------------------------- docstrings to MyST
 
 _ROLE = re.compile(r"``(?P<lit>.+?)``|:(?P<role>[a-z]+(?::[a-z]+)?):`(?P<target>[^`]+)`|`(?P<interp>[^`]+)`")
-_ESCAPE = set("\\`*_[]<>${}#&~^!")  # "|" is escaped by cell(), in tables only
+_ESCAPE = set("\\`*_[]<>${}#&~^!|")
 _EMPHASIS = re.compile(r"(?<![\w*\\])\*(?=[^\s*])([^*]+?)(?<=\S)\*(?![\w*])")
 
 
@@ -373,24 +374,33 @@ def summary(module, name: str, obj) -> str:
 
 # ---------------------------------------------------------------- the page
 
-def cell(text: str) -> str:
-    """Table cell content: a pipe would end the cell, even inside a code span."""
-    return text.replace("|", "\\|")
+def definitions(items: list[tuple[str, str]]) -> list[str]:
+    """A MyST definition list: each term (a code span) on its line, its text below.
+
+    A list rather than a table: a signature is one long unbreakable word at its name, and a
+    table of them is wider than a phone (390 px) and than the desktop column; a list wraps."""
+    lines = []
+    for term, text in items:
+        lines += [term, ": " + _block_safe(text), ""]
+    return lines
 
 
-def table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
-    return lines + [""]
+def _block_safe(text: str) -> str:
+    """Text that cannot open a block (list, quote) at the start of its line."""
+    if text[:1] in "-+":
+        return "\\" + text
+    return re.sub(r"^(\d+)([.)])", r"\1\\\2", text)
 
 
 def _heading(module_name: str) -> str:
-    return f"## {code(module_name)}"
+    # plain text, not a code span: a monospace heading is a third wider, and a module name
+    # does not wrap; `tfbook.torch.training` in code filled a 390 px phone
+    return f"## {escape(module_name)}"
 
 
 def module_section(module, skip_modules: bool = False) -> list[str]:
     names, from_all = public_names(module)
-    if skip_modules:  # listed in a table of their own
+    if skip_modules:  # listed in a list of their own
         names = [n for n in names if not isinstance(getattr(module, n), types.ModuleType)]
     lines = [_heading(module.__name__), ""]
     intro = first_paragraph(module.__doc__)
@@ -401,8 +411,8 @@ def module_section(module, skip_modules: bool = False) -> list[str]:
                   "upper-case constants defined in it.", ""]
     if not names:
         return lines + ["Nothing public yet.", ""]
-    rows = [[code(signature(n, getattr(module, n))), summary(module, n, getattr(module, n))] for n in names]
-    return lines + table(["name", "what it is"], rows)
+    return lines + definitions([(code(signature(n, getattr(module, n))), summary(module, n, getattr(module, n)))
+                                for n in names])
 
 
 def backends_section() -> list[str]:
@@ -414,7 +424,7 @@ def backends_section() -> list[str]:
     rows = []
     for name in order:
         in_np, in_torch = name in np_names, name in torch_names
-        where = ", ".join(b for b, has in (("NumPy", in_np), ("PyTorch", in_torch)) if has)
+        where = BOTH if in_np and in_torch else ("NumPy only" if in_np else "PyTorch only")
         first = getattr(tnp if in_np else tf, name)
         sig = signature(name, first)
         text = summary(tnp if in_np else tf, name, first)
@@ -422,16 +432,16 @@ def backends_section() -> list[str]:
             other = signature(name, getattr(tf, name))
             if other != sig:
                 text += f" PyTorch: {code(other)}."
-        rows.append([code(sig), where, text])
+        rows.append((code(sig), f"*{where}.* {text}"))
     lines = [
         "## Functions in both backends", "",
         f"The functions of {code('tfbook.numpy')} and {code('tfbook.torch.functional')} (also importable "
-        f"from {code('tfbook.torch')}), in one table: the signature is the NumPy one, the "
-        "summary is the first paragraph of the NumPy docstring, and where the PyTorch function "
-        "takes other arguments its signature follows. Every name should be in both columns; "
-        "one that is not is marked.", "",
+        f"from {code('tfbook.torch')}), listed once: each says which backends have it, then "
+        "gives the first paragraph of the NumPy docstring. The signature is the NumPy one; "
+        "where the PyTorch function takes other arguments (a `device`, a default dtype), its "
+        "signature follows.", "",
     ]
-    return lines + table(["function", "backends", "what it does"], rows)
+    return lines + definitions(rows)
 
 
 def tasks_section() -> list[str]:
@@ -440,15 +450,15 @@ def tasks_section() -> list[str]:
     for name in task_modules():
         mod = importlib.import_module(name)
         names, _ = public_names(mod)
-        rows.append([code(name.rsplit(".", 1)[-1]), rst_to_myst(first_paragraph(mod.__doc__)) or UNDOCUMENTED,
-                     ", ".join(code(n) for n in names)])
+        rows.append((code(name), (rst_to_myst(first_paragraph(mod.__doc__)) or UNDOCUMENTED)
+                     + " Names: " + ", ".join(code(n) for n in names) + "."))
     if rows:
         verbs = ("data", "config", "RECIPE", "train", "evaluate", "load_pretrained", "save", "main")
         lines += ["The task modules, each imported on first use (`tfbook.tasks.addition`) and "
                   "run as `python -m tfbook.tasks.NAME`. Every one has the same verbs ("
                   + ", ".join(code(v) for v in verbs) + f"; {code('help(tfbook.tasks)')} says what each "
-                  f"does); the third column lists everything in the module's {code('__all__')}.", ""]
-        lines += table(["task", "what it trains", "names"], rows)
+                  f"does); each entry lists everything in the module's {code('__all__')}.", ""]
+        lines += definitions(rows)
     return lines
 
 
@@ -456,14 +466,14 @@ def course_section(names: list[str]) -> list[str]:
     rows = []
     for name in names:
         mod = importlib.import_module(name)
-        rows.append([code(name), rst_to_myst(first_paragraph(mod.__doc__)) or UNDOCUMENTED])
+        rows.append((code(name), rst_to_myst(first_paragraph(mod.__doc__)) or UNDOCUMENTED))
     return [
         "## The course tools", "",
         "The modules behind the graded exercises (releasing student notebooks, grading "
         f"submissions in a sandbox, feedback), driven by {code('python -m tfbook.course')}. "
         "A reader of the book does not call them; they are listed module by module, without "
         "their functions.", "",
-    ] + table(["module", "what it does"], rows)
+    ] + definitions(rows)
 
 
 def _error_example() -> str:
@@ -493,7 +503,7 @@ def intro() -> list[str]:
         "keep no state, short enough to read next to the derivation;",
         "- `tfbook.torch` holds the same functions for `torch.Tensor` (differentiable, on any "
         "device, in `tfbook.torch.functional`), and around them the `nn.Module` classes that own "
-        "parameters, the three small model families and the one training loop.",
+        "parameters, the small models built from them and the one training loop.",
         "",
         "The tests hold the two backends to each other and both to PyTorch's own layers with "
         "copied weights. Both follow the same conventions, in the symbols of the "
@@ -516,7 +526,7 @@ def intro() -> list[str]:
         "- **Devices**: `tfbook.device()` picks cuda, then mps, then cpu (or what "
         "`TFBOOK_DEVICE` says).",
         "",
-        "Each table below lists a module's public names in the order of its `__all__`: the "
+        "Each section below lists a module's public names in the order of its `__all__`: the "
         "signature, with default values as written in the source and without type "
         "annotations, then the first paragraph of the docstring; `help()` on any name prints "
         "all of it. Classes list their own public methods. Everything in "
@@ -550,9 +560,8 @@ def generate() -> str:
     stray = [n for n in tfbook.torch.__all__ if n not in shown]
     if stray:
         lines += ["## Other names of `tfbook.torch`", ""]
-        lines += table(["name", "what it is"],
-                       [[code(signature(n, getattr(tfbook.torch, n))), summary(tfbook.torch, n, getattr(tfbook.torch, n))]
-                        for n in stray])
+        lines += definitions([(code(signature(n, getattr(tfbook.torch, n))),
+                                summary(tfbook.torch, n, getattr(tfbook.torch, n))) for n in stray])
     if course:
         lines += course_section(course)
     return "\n".join(lines).rstrip("\n") + "\n"
