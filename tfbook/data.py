@@ -7,6 +7,7 @@ Contents
 --------
 * :class:`CharTokenizer` -- one token per character, sorted vocabulary.
 * :class:`BPETokenizer` -- byte-pair-style merges learned from a text on the spot.
+* :class:`ByteBPETokenizer` -- byte-level BPE of the GPT-2 kind (defined in :mod:`tfbook.bpe`).
 * :func:`number_to_words`, :func:`number_words_dataset`, :func:`number_split` -- the
   number-words-to-digits translation task of the encoder-decoder chapter.
 * :func:`addition_dataset` -- addition problems written as text, ``"123+456=579"``.
@@ -24,9 +25,12 @@ from typing import Iterable, NamedTuple, Sequence
 
 import numpy as np
 
+from .bpe import ByteBPETokenizer
+
 __all__ = [
     "CharTokenizer",
     "BPETokenizer",
+    "ByteBPETokenizer",
     "number_to_words",
     "number_words_dataset",
     "number_split",
