@@ -78,6 +78,14 @@ def task_modules() -> list[str]:
                   if not i.name.startswith("_"))
 
 
+def member(module, name: str):
+    """``module.name``; a name in ``__all__`` that the module lacks stops the generator."""
+    try:
+        return getattr(module, name)
+    except AttributeError:
+        raise SystemExit(f"{module.__name__}.__all__ lists {name!r}, which the module does not define") from None
+
+
 def public_names(module) -> tuple[list[str], bool]:
     """``(names, from_all)``: the module's ``__all__``, or, when it has none, the public
     functions and classes defined in it and its upper-case constants, in definition order."""
@@ -401,7 +409,7 @@ def _heading(module_name: str) -> str:
 def module_section(module, skip_modules: bool = False) -> list[str]:
     names, from_all = public_names(module)
     if skip_modules:  # listed in a list of their own
-        names = [n for n in names if not isinstance(getattr(module, n), types.ModuleType)]
+        names = [n for n in names if not isinstance(member(module, n), types.ModuleType)]
     lines = [_heading(module.__name__), ""]
     intro = first_paragraph(module.__doc__)
     if intro:
@@ -411,7 +419,7 @@ def module_section(module, skip_modules: bool = False) -> list[str]:
                   "upper-case constants defined in it.", ""]
     if not names:
         return lines + ["Nothing public yet.", ""]
-    return lines + definitions([(code(signature(n, getattr(module, n))), summary(module, n, getattr(module, n)))
+    return lines + definitions([(code(signature(n, member(module, n))), summary(module, n, member(module, n)))
                                 for n in names])
 
 
@@ -425,11 +433,11 @@ def backends_section() -> list[str]:
     for name in order:
         in_np, in_torch = name in np_names, name in torch_names
         where = BOTH if in_np and in_torch else ("NumPy only" if in_np else "PyTorch only")
-        first = getattr(tnp if in_np else tf, name)
+        first = member(tnp if in_np else tf, name)
         sig = signature(name, first)
         text = summary(tnp if in_np else tf, name, first)
         if in_np and in_torch:
-            other = signature(name, getattr(tf, name))
+            other = signature(name, member(tf, name))
             if other != sig:
                 text += f" PyTorch: {code(other)}."
         rows.append((code(sig), f"*{where}.* {text}"))
