@@ -94,6 +94,82 @@ MUTANTS["06_permutation_equivariance"] = {
     ],
 }
 
+MUTANTS["07_positional_information"] = {
+    "ex7-1-sinusoidal-tests": [
+        ("sin and cos swapped", """
+            def sinusoidal_encoding(T, D, base=10000.0):
+                angle = np.arange(T)[:, None] * base ** (-np.arange(0, D, 2) / D)
+                PE = np.empty((T, D))
+                PE[:, 0::2], PE[:, 1::2] = np.cos(angle), np.sin(angle)
+                return PE
+            """, "cosines in the even channels"),
+        ("sines then cosines", """
+            def sinusoidal_encoding(T, D, base=10000.0):
+                angle = np.arange(T)[:, None] * base ** (-np.arange(0, D, 2) / D)
+                return np.concatenate([np.sin(angle), np.cos(angle)], axis=1)
+            """, "all sines first"),
+        ("exponent i/D", """
+            def sinusoidal_encoding(T, D, base=10000.0):
+                angle = np.arange(T)[:, None] * base ** (-np.arange(D // 2) / D)
+                PE = np.empty((T, D))
+                PE[:, 0::2], PE[:, 1::2] = np.sin(angle), np.cos(angle)
+                return PE
+            """, "the exponent is 2i/D, not i/D"),
+        ("each channel its own exponent", """
+            def sinusoidal_encoding(T, D, base=10000.0):
+                angle = np.arange(T)[:, None] * base ** (-np.arange(D) / D)
+                return np.where(np.arange(D) % 2 == 0, np.sin(angle), np.cos(angle))
+            """, "has its pair's frequency"),
+        ("base ignored", """
+            def sinusoidal_encoding(T, D, base=10000.0):
+                angle = np.arange(T)[:, None] * 10000.0 ** (-np.arange(0, D, 2) / D)
+                PE = np.empty((T, D))
+                PE[:, 0::2], PE[:, 1::2] = np.sin(angle), np.cos(angle)
+                return PE
+            """, "the base argument was ignored"),
+    ],
+    "ex7-2-rotary-tests": [
+        ("clockwise", """
+            def rotary(X, positions, base=10000.0):
+                D = X.shape[-1]
+                theta = np.asarray(positions, dtype=float)[:, None] * base ** (-np.arange(0, D, 2) / D)
+                c, s = np.cos(theta), np.sin(theta)
+                out = np.empty(np.shape(X))
+                out[..., 0::2] = X[..., 0::2] * c + X[..., 1::2] * s
+                out[..., 1::2] = -X[..., 0::2] * s + X[..., 1::2] * c
+                return out
+            """, "the pairs turn clockwise"),
+        ("halves paired", """
+            def rotary(X, positions, base=10000.0):
+                D = X.shape[-1]
+                theta = np.asarray(positions, dtype=float)[:, None] * base ** (-np.arange(0, D, 2) / D)
+                c, s = np.cos(theta), np.sin(theta)
+                x0, x1 = X[..., : D // 2], X[..., D // 2:]
+                return np.concatenate([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1)
+            """, "paired with a channel of the other half"),
+        ("exponent i/D", """
+            def rotary(X, positions, base=10000.0):
+                D = X.shape[-1]
+                theta = np.asarray(positions, dtype=float)[:, None] * base ** (-np.arange(D // 2) / D)
+                c, s = np.cos(theta), np.sin(theta)
+                out = np.empty(np.shape(X))
+                out[..., 0::2] = X[..., 0::2] * c - X[..., 1::2] * s
+                out[..., 1::2] = X[..., 0::2] * s + X[..., 1::2] * c
+                return out
+            """, "the exponent is 2i/D, not i/D"),
+        ("positions ignored", """
+            def rotary(X, positions, base=10000.0):
+                D, T = X.shape[-1], X.shape[-2]
+                theta = np.arange(T, dtype=float)[:, None] * base ** (-np.arange(0, D, 2) / D)
+                c, s = np.cos(theta), np.sin(theta)
+                out = np.empty(np.shape(X))
+                out[..., 0::2] = X[..., 0::2] * c - X[..., 1::2] * s
+                out[..., 1::2] = X[..., 0::2] * s + X[..., 1::2] * c
+                return out
+            """, "the positions argument was ignored"),
+    ],
+}
+
 
 _JUDGES: dict[str, course_judge.Judge] = {}
 

@@ -11,6 +11,6 @@ HIDDEN = {
         "E": "another base than 10000 (use the `base` argument)",
         "F": "a rotation must keep every vector's length",
     },
-    "ex7-3-prediction-tests": {"G": "the predicted squared length"},
+    "ex7-3-neighbour-distance-tests": {"G": "the predicted squared distance"},
     "ex7-4-prediction-tests": {"H": "the predicted factor"},
 }
