@@ -113,9 +113,10 @@ def test_pretokenize_random_unicode(text):
 # --- the slow reference trainer ---------------------------------------------------------
 
 
-def naive_train(text: str, num_merges: int) -> list[tuple[int, int]]:
+def naive_train(text: str, num_merges: int):
     """Recount every pair of every piece after every merge; same tie rule, stated plainly:
-    the largest count, then the smallest (left bytes, right bytes), then the smallest ids."""
+    the largest count, then the smallest (left bytes, right bytes), then the smallest ids.
+    Returns the merges and the training text's pieces as they stand after the last merge."""
     words = [list(p.encode("utf-8")) for p in pretokenize(text)]
     vocab = [bytes([b]) for b in range(256)]
     merges = []
@@ -140,7 +141,7 @@ def naive_train(text: str, num_merges: int) -> list[tuple[int, int]]:
                     out.append(w[i])
                     i += 1
             words[k] = out
-    return merges
+    return merges, [i for w in words for i in w]
 
 
 def test_hand_worked_training_with_a_tie():
@@ -168,6 +169,9 @@ def test_tie_rule_smallest_bytes_first():
     # Then (x, y) 2; the rest occur once.
     tok = ByteBPETokenizer.train("xy xy yx yx", num_merges=10)
     assert tok.merges == [(32, 121), (256, 120), (120, 121)]
+    # encoding applies merges in the order learned: " yxy" -> [" y" x y] -> [" yx" y];
+    # the last merge first would give [" " y "xy"] -> [" y" "xy"]
+    assert tok.encode(" yxy") == [257, 121]
 
 
 @pytest.mark.parametrize("text", [
@@ -176,7 +180,11 @@ def test_tie_rule_smallest_bytes_first():
     "".join(random.Random(1).choice("aé😀 中\n") for _ in range(2000)),  # multi-byte characters
 ])
 def test_fast_training_equals_the_naive_reference(text):
-    assert ByteBPETokenizer.train(text, num_merges=150).merges == naive_train(text, 150)
+    merges, segmentation = naive_train(text, 150)
+    tok = ByteBPETokenizer.train(text, num_merges=150)
+    assert tok.merges == merges
+    # encoding the training text reproduces the segmentation training ended with
+    assert tok.encode(text) == segmentation
 
 
 def test_training_stops_when_no_pair_repeats():
@@ -269,18 +277,39 @@ def test_training_never_merges_across_or_inside_specials():
 # --- streaming --------------------------------------------------------------------------
 
 
+STREAM_PARTS = ["'", "re", "ll", "s", "t", " ", "  ", "\n", "\n\n", "ab", "7", "77", "😀", "é", "\u0301",
+                ",", "x²", "we", "<|", "end", "oftext|>"]
+# merges that care where pieces end: trained on the parts themselves
+_STREAM_TEXT = "we're they'll can't it's  ab  ab\n\n ab 77 777 x² é😀 ,, 'll 's 't\n" * 30
+_STREAM_TOKS = {
+    "no specials": ByteBPETokenizer.train(_STREAM_TEXT, num_merges=80),
+    "specials": ByteBPETokenizer.train(_STREAM_TEXT, num_merges=80, special_tokens=SPECIALS),
+}
+
+
+@pytest.mark.parametrize("kind", list(_STREAM_TOKS))
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.sampled_from(SPECIALS + ["'", "re", "ll", "s", " ", "  ", "\n", "ab", "7", "😀",
-                                            "é", "\u0301", ",", "<|", "end", "oftext|>", "x²"]),
-                max_size=30),
-       st.integers(1, 6), st.randoms(use_true_random=False))
-def test_encode_iterable_equals_encode(parts, block, rnd):
+@given(parts=st.lists(st.sampled_from(SPECIALS + STREAM_PARTS), max_size=40),
+       block=st.integers(1, 6), rnd=st.randoms(use_true_random=False))
+def test_encode_iterable_equals_encode(kind, parts, block, rnd):
+    whole = _STREAM_TOKS[kind]
     text = "".join(parts)
-    cuts = sorted(rnd.sample(range(len(text) + 1), min(len(text) + 1, rnd.randint(0, 8))))
+    cuts = sorted(rnd.sample(range(len(text) + 1), min(len(text) + 1, rnd.randint(0, 12))))
     chunks = [text[a:b] for a, b in zip([0] + cuts, cuts + [len(text)])]
-    tok = ByteBPETokenizer(_TOK.merges, SPECIALS)
+    tok = ByteBPETokenizer(whole.merges, whole.special_tokens)
     tok.STREAM_BLOCK = block  # cut as often as possible
-    assert list(tok.encode_iterable(chunks)) == _TOK.encode(text)
+    assert list(tok.encode_iterable(chunks)) == whole.encode(text)
+
+
+@pytest.mark.parametrize("kind", list(_STREAM_TOKS))
+@pytest.mark.parametrize("text", ["we're  ab\n\n ab", "it's 777,, x²é\u0301😀 't", "<|endoftext|><|endoftext|>we'll<|end"])
+def test_encode_iterable_every_split_point(kind, text):
+    whole = _STREAM_TOKS[kind]
+    tok = ByteBPETokenizer(whole.merges, whole.special_tokens)
+    tok.STREAM_BLOCK = 1
+    for k in range(len(text) + 1):
+        for j in range(k, len(text) + 1):
+            assert list(tok.encode_iterable([text[:k], text[k:j], text[j:]])) == whole.encode(text), (k, j)
 
 
 def test_encode_iterable_on_a_file(tmp_path):

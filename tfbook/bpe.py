@@ -188,7 +188,7 @@ class ByteBPETokenizer:
     """
 
     #: :meth:`encode_iterable` encodes once this many characters are buffered
-    STREAM_BLOCK = 1 << 14
+    STREAM_BLOCK = 1 << 12
     #: most pieces remembered by the encoder's cache (it is cleared when full)
     CACHE_SIZE = 1 << 14
 
@@ -311,38 +311,46 @@ class ByteBPETokenizer:
                     out.extend(self._encode_piece(piece))
         return out
 
-    def _safe_cut(self, buf: str) -> int:
-        """The largest ``c`` such that ``encode(buf[:c]) + encode(rest)`` equals the
-        encoding of ``buf + rest`` for *any* continuation ``rest``.
+    def _stable_prefix(self, buf: str) -> tuple[int, list]:
+        """``(cut, items)``: the special-token ids and pieces of ``buf[:cut]`` that no
+        continuation of ``buf`` can change, for the largest such ``cut``.
 
         Special tokens: a match starting at ``i`` is final once the longest special
         token fits (``i + L <= len(buf)``), so only starts below ``limit = len - L + 1``
-        are decided. Pieces: matching a piece ``[p, e)`` reads characters up to
-        ``max(p + 2, e)`` (a contraction reads three characters, a run reads the one
-        that stops it), so a piece is final when ``e + 2 <= limit``.
+        are decided. Pieces: matching a piece ``[p, e)`` reads characters up to index
+        ``e + 1`` at most (a contraction reads ``p..p+2``; a run reads the character that
+        stops it; white space followed by a word reads the word's first character and
+        gives back one space), so a piece is final when ``e + 2 <= limit``. The pieces
+        are returned as found in ``buf``: pre-tokenizing ``buf[:cut]`` alone could differ
+        (``"\n\n"`` alone is one piece; followed by a word it is two).
         """
         n = len(buf)
         L = max((len(s) for s in self.special_tokens), default=1)
         limit = n - L + 1
-        cut = text_start = 0
+        pattern = _split_pattern()
+        items: list = []
+        text_start = 0
         if self._special_re is not None:
             for m in self._special_re.finditer(buf):
                 if m.start() >= limit:
                     break
-                cut = text_start = m.end()
-        e = text_start
-        for m in _split_pattern().finditer(buf, text_start):
+                items.extend(pattern.findall(buf, text_start, m.start()))  # a finished segment
+                items.append(self.special_ids[m.group()])
+                text_start = m.end()
+        cut = text_start
+        for m in pattern.finditer(buf, text_start):
             if m.end() + 2 > limit:
                 break
-            e = m.end()
-        return max(cut, e)
+            items.append(m.group())
+            cut = m.end()
+        return cut, items
 
     def encode_iterable(self, iterable: Iterable[str]) -> Iterator[int]:
         """Ids of the concatenation of the strings in ``iterable`` (lines of a file, say),
         read lazily: memory holds one block of text, not the stream.
 
         Equals ``encode("".join(iterable))``. The text is encoded up to the last point
-        that no later text can change (:meth:`_safe_cut`); the rest waits for more. So
+        that no later text can change (:meth:`_stable_prefix`); the rest waits for more. So
         memory is bounded by :attr:`STREAM_BLOCK` plus the longest piece and the longest
         chunk of the iterable.
         """
@@ -355,10 +363,13 @@ class ByteBPETokenizer:
                 raise ValueError(f"iterable must yield strings, item {k} is {type(chunk).__name__}")
             buf += chunk
             if len(buf) >= self.STREAM_BLOCK:
-                cut = self._safe_cut(buf)
-                if cut:
-                    yield from self._iter_encode(buf[:cut])
-                    buf = buf[cut:]
+                cut, items = self._stable_prefix(buf)
+                for item in items:
+                    if isinstance(item, int):
+                        yield item
+                    else:
+                        yield from self._encode_piece(item)
+                buf = buf[cut:]
         yield from self._iter_encode(buf)
 
     def _iter_encode(self, text: str) -> Iterator[int]:
