@@ -407,6 +407,7 @@ def toc_chapters() -> list[str]:
         ("book/intro.html", "landing", 1),          # one displayed equation on the landing page
         (CHAPTER0, "chapter00", 1),
         ("book/notation.html", "notation", 15),     # the notation table is mostly math
+        ("book/api.html", "api", 1),                # the package reference: long signatures on a phone
     ] + [  # every other chapter: each one has math in its derivation
         (path, Path(path).stem, 1) for path in toc_chapters() if path != CHAPTER0
     ],
