@@ -29,11 +29,13 @@ mask       boolean, ``True`` means "may attend", broadcast to ``(..., T_q, T_k)`
 
 import os
 
+#: The package version.
 __version__ = "0.1.0"
 
 __all__ = ["device", "DEVICE_ENV", "__version__"]
 
 
+#: The environment variable that overrides :func:`device` (``cpu``, ``cuda`` or ``mps``).
 DEVICE_ENV = "TFBOOK_DEVICE"
 _DEVICE_TYPES = ("cpu", "cuda", "mps")
 

@@ -31,8 +31,35 @@ import tfbook.numpy as tnp
 from .torch import EncoderBlock, LayerNorm
 from .torch.training import train
 
+__all__ = [
+    "SCALES",
+    "WARMUP_CURVES",
+    "WARMUP_RECIPE",
+    "WARMUP_FAILED_ABOVE",
+    "WARMUP_LEARNED_BELOW",
+    "Retrieval",
+    "retrieval_batch",
+    "retrieval_loss",
+    "retrieval_run",
+    "steps_to_threshold",
+    "xavier_",
+    "ffn_w2_gradients",
+    "SortNet",
+    "sort_batch",
+    "warmup_run",
+    "warmup_experiment",
+    "load_warmup_curves",
+    "meets_warmup_bar",
+    "final_loss",
+    "rank_one_residual",
+    "rank_collapse",
+]
+
+#: The score scales chapter 3 compares, by name: each maps D_K to the factor applied to Q K^T.
 SCALES = {"1/sqrt(D_K)": lambda D_K: 1 / math.sqrt(D_K), "1/D_K": lambda D_K: 1 / D_K, "none": lambda D_K: 1.0}
+#: The shipped warm-up curves of chapter 8 (JSON written by ``python -m tfbook.dynamics``).
 WARMUP_CURVES = Path(__file__).parent / "weights" / "ch8_warmup_curves.json"
+#: The recipe of chapter 8's warm-up experiment (model size, steps, learning rate, seeds).
 WARMUP_RECIPE = dict(L=6, D=32, H=2, V=10, T=8, B=32, steps=200, lr=1e-2, warmup=50, seeds=(0, 1, 2))
 #: chapter 8's bar on the warm-up experiment (mean loss of the last 20 steps, nats; chance is
 #: log 10 = 2.30): Post-LN without warm-up did not learn, every other run learned

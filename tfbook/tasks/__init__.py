@@ -3,10 +3,10 @@
 =================  =========  ==============================  ===========================
 module             chapter    model                           metric (:func:`evaluate`)
 =================  =========  ==============================  ===========================
-``number_words``   11         EncoderDecoder                  exact match (greedy decoding)
-``addition``       12         DecoderLM                       exact match (greedy decoding)
-``corpus``         12         DecoderLM (characters)          bits per character
-``digits``         13         VisionTransformer, 5 variants   accuracy
+``number_words``   12         EncoderDecoder                  exact match (greedy decoding)
+``addition``       13         DecoderLM                       exact match (greedy decoding)
+``corpus``         13         DecoderLM (characters)          bits per character
+``digits``         15         VisionTransformer, 5 variants   accuracy
 =================  =========  ==============================  ===========================
 
 Every module exposes the same verbs:
