@@ -24,6 +24,12 @@ symbol     meaning
 ``P``      attention weights ``softmax(S)``, rows sum to one
 ``Z``      attention output ``P V``, shape ``(..., T_q, D_V)``
 mask       boolean, ``True`` means "may attend", broadcast to ``(..., T_q, T_k)``
+``B``      batch size; ``V`` vocabulary size; ``L`` number of blocks
+``H_kv``   key/value heads of grouped-query attention (``num_kv_heads``)
+``W_E``    token embedding table ``(V, D)``; ``PE`` positional encoding
+``W_1``    MLP weights ``(D, D_ff)`` and ``W_2`` ``(D_ff, D)``, biases ``b_1, b_2``
+``W_up``   SwiGLU: ``(silu(X W_gate) * (X W_up)) W_down``
+``gamma``  LayerNorm/RMSNorm gain (``beta`` the shift, ``eps`` the guard)
 =========  ==============================================================
 """
 
