@@ -170,6 +170,67 @@ MUTANTS["07_positional_information"] = {
     ],
 }
 
+MUTANTS["08_mlp_residuals_layernorm"] = {
+    "ex8-1-rms-norm-tests": [
+        ("mean subtracted", """
+            def rms_norm(X, gamma, eps=1e-6):
+                Xc = X - X.mean(axis=-1, keepdims=True)
+                return (Xc / np.sqrt(np.mean(Xc * Xc, axis=-1, keepdims=True) + eps) * gamma).astype(X.dtype)
+            """, "the mean was subtracted"),
+        ("sum instead of mean", """
+            def rms_norm(X, gamma, eps=1e-6):
+                return (X / np.sqrt(np.sum(X * X, axis=-1, keepdims=True) + eps) * gamma).astype(X.dtype)
+            """, "the root of the sum of squares"),
+        ("eps after the square root", """
+            def rms_norm(X, gamma, eps=1e-6):
+                return (X / (np.sqrt(np.mean(X * X, axis=-1, keepdims=True)) + eps) * gamma).astype(X.dtype)
+            """, "eps was added after the square root"),
+        ("no eps: 0/0", """
+            def rms_norm(X, gamma, eps=1e-6):
+                return (X / np.sqrt(np.mean(X * X, axis=-1, keepdims=True)) * gamma).astype(X.dtype)
+            """, "an all-zero row gives 0/0"),
+        ("eps argument ignored", """
+            def rms_norm(X, gamma, eps=1e-6):
+                return (X / np.sqrt(np.mean(X * X, axis=-1, keepdims=True) + 1e-6) * gamma).astype(X.dtype)
+            """, "the eps argument was ignored"),
+        ("float64 out", """
+            def rms_norm(X, gamma, eps=1e-6):
+                X = np.asarray(X, dtype=float)
+                return X / np.sqrt(np.mean(X * X, axis=-1, keepdims=True) + eps) * gamma
+            """, "keep the dtype of X"),
+    ],
+    "ex8-2-ln-backward-tests": [
+        ("gain left out", """
+            def layer_norm_backward(X, gamma, G, eps=1e-5):
+                mu = X.mean(axis=-1, keepdims=True)
+                s = np.sqrt(((X - mu) ** 2).mean(axis=-1, keepdims=True) + eps)
+                xh, g = (X - mu) / s, G
+                return (g - g.mean(axis=-1, keepdims=True) - xh * (g * xh).mean(axis=-1, keepdims=True)) / s
+            """, "the gain was left out"),
+        ("mean term missing", """
+            def layer_norm_backward(X, gamma, G, eps=1e-5):
+                mu = X.mean(axis=-1, keepdims=True)
+                s = np.sqrt(((X - mu) ** 2).mean(axis=-1, keepdims=True) + eps)
+                xh, g = (X - mu) / s, G * gamma
+                return (g - xh * (g * xh).mean(axis=-1, keepdims=True)) / s
+            """, "-mean(g) is missing"),
+        ("x-hat term missing", """
+            def layer_norm_backward(X, gamma, G, eps=1e-5):
+                mu = X.mean(axis=-1, keepdims=True)
+                s = np.sqrt(((X - mu) ** 2).mean(axis=-1, keepdims=True) + eps)
+                g = G * gamma
+                return (g - g.mean(axis=-1, keepdims=True)) / s
+            """, "the scale s depends on x too"),
+        ("eps left out", """
+            def layer_norm_backward(X, gamma, G, eps=1e-5):
+                mu = X.mean(axis=-1, keepdims=True)
+                s = np.sqrt(((X - mu) ** 2).mean(axis=-1, keepdims=True))
+                xh, g = (X - mu) / s, G * gamma
+                return (g - g.mean(axis=-1, keepdims=True) - xh * (g * xh).mean(axis=-1, keepdims=True)) / s
+            """, "eps was left out"),
+    ],
+}
+
 
 _JUDGES: dict[str, course_judge.Judge] = {}
 
