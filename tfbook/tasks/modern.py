@@ -179,7 +179,7 @@ def tokens_per_second(kind: str, steps: int = 30, batch_size: int | None = None,
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(0)
     train_ids = data().train
-    with pin(threads):
+    with pin(threads), torch.enable_grad():
         for i in range(steps + 3):
             if i == 3:
                 t0 = time.process_time()
