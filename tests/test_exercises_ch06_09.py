@@ -231,6 +231,48 @@ MUTANTS["08_mlp_residuals_layernorm"] = {
     ],
 }
 
+_BLOCK = """
+    def my_encoder_block(X, params, num_heads, norm_first=False):
+        {pre}
+        mha = lambda A: tnp.multi_head_attention(A, A, params["attn"], {heads})[0]
+        ffn = lambda A: tnp.feed_forward(A, params["ffn"])
+        n1 = lambda A: tnp.layer_norm(A, params["{n1}"]["gamma"], params["{n1}"]["beta"])
+        n2 = lambda A: tnp.layer_norm(A, params["{n2}"]["gamma"], params["{n2}"]["beta"])
+        if norm_first:
+            X = X + mha(n1(X))
+            return X + ffn(n2(X))
+        X = n1(X + mha(X))
+        return n2(X + ffn(X))
+    """
+_COUNT = """
+    def encoder_param_count(D, D_ff, L, final_norm=False):
+        {pre}
+        per_block = (4 * D * D + {ab}) + (2 * D * D_ff + {mb}) + {norms}
+        return {cast}({L} * per_block + (2 * D if {final} else 0))
+    """
+_count = dict(cast="int", pre="pass", ab="4 * D", mb="D_ff + D", norms="4 * D", L="L", final="final_norm")
+
+MUTANTS["09_encoder"] = {
+    "ex9-1-block-tests": [
+        ("placements swapped", _BLOCK.format(pre="norm_first = not norm_first", heads="num_heads",
+                                             n1="norm1", n2="norm2"), "you built the other placement"),
+        ("norm_first ignored", _BLOCK.format(pre="norm_first = False", heads="num_heads",
+                                             n1="norm1", n2="norm2"), "you built the other placement"),
+        ("norms swapped", _BLOCK.format(pre="pass", heads="num_heads", n1="norm2", n2="norm1"),
+         "norm1 and norm2 swapped"),
+        ("one head", _BLOCK.format(pre="pass", heads="1", n1="norm1", n2="norm2"),
+         "num_heads was not passed on"),
+    ],
+    "ex9-2-count-tests": [
+        ("no linear biases", _COUNT.format(**dict(_count, ab="0", mb="0")), "biases of the linear layers"),
+        ("no LayerNorms", _COUNT.format(**dict(_count, norms="0")), "the two LayerNorms"),
+        ("one block", _COUNT.format(**dict(_count, L="1")), "multiply by L"),
+        ("D_ff taken as 4D", _COUNT.format(**dict(_count, pre="D_ff = 4 * D")), "D_ff was taken as 4D"),
+        ("final norm ignored", _COUNT.format(**dict(_count, final="False")), "final_norm=True was ignored"),
+        ("a float", _COUNT.format(**dict(_count, cast="float")), "return a Python int"),
+    ],
+}
+
 
 _JUDGES: dict[str, course_judge.Judge] = {}
 
@@ -241,6 +283,10 @@ def _judge(notebook: str) -> course_judge.Judge:
         from IPython.core.interactiveshell import InteractiveShell
 
         InteractiveShell.instance().reset(new_session=False)   # no names left from another notebook
+        import torch
+
+        torch.set_grad_enabled(True)   # process-wide state that a notebook before may have switched off
+        torch.set_default_dtype(torch.float32)
         judge = course_judge.Judge(NOTEBOOKS / f"{notebook}.ipynb")
         cwd = os.getcwd()
         os.chdir(NOTEBOOKS)   # the notebooks run from their folder
