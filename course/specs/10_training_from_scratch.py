@@ -1,0 +1,13 @@
+"""Hidden cases of chapter 10 (see README.md in this folder)."""
+
+HIDDEN = {
+    "ex10-1-cross-entropy-gradient-tests": {
+        "A": "the default ignore_index (-100) on a 2-D batch (N, V)",
+        "B": "more than one leading axis, no position ignored",
+    },
+    "ex10-2-adamw-update-tests": {
+        "C": "the first step (t = 1, zero moments) with other betas, eps and weight decay, on a 1-D parameter",
+        "D": "the second moment after the first step: (1 - beta2) g**2",
+    },
+    "ex10-3-prediction-tests": {"E": "the predicted step sizes"},
+}

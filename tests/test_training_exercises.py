@@ -1,0 +1,220 @@
+"""Chapter 10's graded exercises: every mistake a visible test names makes that visible test fail.
+
+The visible part of each test cell (everything before ``### BEGIN HIDDEN TESTS``) is run
+against the reference solution (it must pass) and against one deliberately wrong answer per
+named mistake (it must raise). The wrong answers are written here, one function per mistake.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import tfbook.numpy as tnp
+from tfbook.checks import check_close, check_finite, check_shape
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "10_training_from_scratch.ipynb"
+
+pytestmark = pytest.mark.skipif(not NOTEBOOK.exists(), reason="chapter 10 not written yet")
+
+
+def _cells():
+    nb = nbformat.read(str(NOTEBOOK), as_version=4)
+    return {c.metadata["nbgrader"]["grade_id"]: c.source for c in nb.cells
+            if c.cell_type == "code" and "nbgrader" in c.metadata and "grade_id" in c.metadata["nbgrader"]}
+
+
+def _visible(grade_id: str) -> str:
+    return _cells()[grade_id].split("### BEGIN HIDDEN TESTS")[0]
+
+
+def _namespace(**extra):
+    return dict(np=np, torch=torch, F=F, nn=nn, tnp=tnp, check_close=check_close, check_shape=check_shape,
+                check_finite=check_finite, **extra)
+
+
+def _solution(grade_id: str, name: str):
+    src = _cells()[grade_id].replace("### BEGIN SOLUTION", "").replace("### END SOLUTION", "")
+    ns = _namespace()
+    exec(src, ns)
+    return ns[name]
+
+
+# ---------------------------------------------------------------------------------------------
+# 10.1: the gradient of a padded cross-entropy
+# ---------------------------------------------------------------------------------------------
+
+
+def _softmax_ok(logits):
+    z = logits - logits.max(-1, keepdims=True)
+    return np.exp(z) / np.exp(z).sum(-1, keepdims=True)
+
+
+def _onehot(targets, counted, V):
+    return np.where(counted, targets, 0)[..., None] == np.arange(V)
+
+
+def ce_divide_by_all(logits, targets, ignore_index=-100):
+    c = targets != ignore_index
+    return (_softmax_ok(logits) - _onehot(targets, c, logits.shape[-1])) * c[..., None] / targets.size
+
+
+def ce_ignored_rows_not_zeroed(logits, targets, ignore_index=-100):
+    c = targets != ignore_index
+    return (_softmax_ok(logits) - _onehot(targets, c, logits.shape[-1])) / c.sum()
+
+
+def ce_no_minus_one(logits, targets, ignore_index=-100):
+    c = targets != ignore_index
+    return _softmax_ok(logits) * c[..., None] / c.sum()
+
+
+def ce_no_max_shift(logits, targets, ignore_index=-100):
+    c = targets != ignore_index
+    with np.errstate(all="ignore"):
+        P = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    return (P - _onehot(targets, c, logits.shape[-1])) * c[..., None] / c.sum()
+
+
+def ce_max_wrong_axis(logits, targets, ignore_index=-100):
+    c = targets != ignore_index
+    with np.errstate(all="ignore"):
+        z = logits - logits.max(axis=0, keepdims=True)
+        P = np.exp(z) / np.exp(z).sum(-1, keepdims=True)
+    return (P - _onehot(targets, c, logits.shape[-1])) * c[..., None] / c.sum()
+
+
+# (the wrong answer, a phrase of the assertion message that names it, which visible check fails)
+CE_MISTAKES = [
+    (ce_divide_by_all, "dividing by all B*T positions", "padding"),
+    (ce_ignored_rows_not_zeroed, "leaving nonzero rows at ignored positions", "padding"),
+    (ce_no_minus_one, "forgetting to subtract 1 at the target", "padding"),
+    (ce_no_max_shift, "without subtracting the maximum logit", "large"),
+    (ce_max_wrong_axis, "subtracting the maximum over the wrong axis", "large"),
+]
+
+
+def _split_ce_visible():
+    """The two visible checks of 10.1: (padding part, padding + large-logit part)."""
+    src = _visible("ex10-1-cross-entropy-gradient-tests")
+    cut = src.index("_big = ")
+    return src[:cut], src
+
+
+def _large_only(full):
+    """The large-logit check of 10.1 alone (the random generator advanced as in the full cell)."""
+    head, tail = full.split("_big = ", 1)
+    setup = head.split("_grad = ")[0]  # the generator and the draws before the first call
+    return setup + "_big = " + tail
+
+
+def test_ex10_1_solution_passes_visible_and_hidden():
+    fn = _solution("ex10-1-cross-entropy-gradient", "cross_entropy_gradient")
+    exec(_cells()["ex10-1-cross-entropy-gradient-tests"], _namespace(cross_entropy_gradient=fn))
+
+
+@pytest.mark.parametrize("wrong,phrase,which", CE_MISTAKES, ids=[m[0].__name__ for m in CE_MISTAKES])
+def test_ex10_1_each_named_mistake_fails_its_visible_check(wrong, phrase, which):
+    padding, full = _split_ce_visible()
+    named = re.escape(phrase)  # the failure message names this very mistake
+    if which == "padding":
+        with pytest.raises(AssertionError, match=named):
+            exec(padding, _namespace(cross_entropy_gradient=wrong))
+    else:  # correct on ordinary logits, wrong only at 1e4: passes the first check, fails the second
+        if wrong is not ce_max_wrong_axis:  # (the wrong axis is wrong at any scale)
+            exec(padding, _namespace(cross_entropy_gradient=wrong))
+            with pytest.raises(AssertionError, match=named):
+                exec(full, _namespace(cross_entropy_gradient=wrong))
+        else:
+            with pytest.raises(AssertionError, match=named):
+                exec(_large_only(full), _namespace(cross_entropy_gradient=wrong))
+
+
+# ---------------------------------------------------------------------------------------------
+# 10.2: one AdamW step
+# ---------------------------------------------------------------------------------------------
+
+
+def adamw_no_bias_correction(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01):
+    p = p * (1 - lr * weight_decay)
+    m = beta1 * m + (1 - beta1) * g
+    v = beta2 * v + (1 - beta2) * g * g
+    return p - lr * m / (np.sqrt(v) + eps), m, v
+
+
+def adamw_l2(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01):
+    g = g + weight_decay * p
+    m = beta1 * m + (1 - beta1) * g
+    v = beta2 * v + (1 - beta2) * g * g
+    return p - lr * (m / (1 - beta1 ** t)) / (np.sqrt(v / (1 - beta2 ** t)) + eps), m, v
+
+
+def adamw_decay_without_lr(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01):
+    p = p * (1 - weight_decay)
+    m = beta1 * m + (1 - beta1) * g
+    v = beta2 * v + (1 - beta2) * g * g
+    return p - lr * (m / (1 - beta1 ** t)) / (np.sqrt(v / (1 - beta2 ** t)) + eps), m, v
+
+
+def adamw_in_place(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01):
+    p *= 1 - lr * weight_decay
+    m *= beta1
+    m += (1 - beta1) * g
+    v *= beta2
+    v += (1 - beta2) * g * g
+    p -= lr * (m / (1 - beta1 ** t)) / (np.sqrt(v / (1 - beta2 ** t)) + eps)
+    return p, m, v
+
+
+ADAMW_MISTAKES = [
+    (adamw_no_bias_correction, "no bias correction"),
+    (adamw_l2, "weight decay added to the gradient"),
+    (adamw_decay_without_lr, "decay not multiplied by lr"),
+    (adamw_in_place, "the inputs were modified in place"),
+]
+
+
+def test_ex10_2_solution_passes_visible_and_hidden():
+    fn = _solution("ex10-2-adamw-update", "adamw_update")
+    exec(_cells()["ex10-2-adamw-update-tests"], _namespace(adamw_update=fn))
+
+
+@pytest.mark.parametrize("wrong,phrase", ADAMW_MISTAKES, ids=[m[0].__name__ for m in ADAMW_MISTAKES])
+def test_ex10_2_each_named_mistake_fails_the_visible_test(wrong, phrase):
+    src = _visible("ex10-2-adamw-update-tests")
+    with pytest.raises(AssertionError, match=re.escape(phrase)):
+        exec(src, _namespace(adamw_update=wrong))
+
+
+# ---------------------------------------------------------------------------------------------
+# 10.3: predict Adam's first step
+# ---------------------------------------------------------------------------------------------
+
+
+def _first_step():
+    theta = nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    theta.grad = torch.tensor([1e-3, 1.0, 100.0], dtype=torch.float64)
+    torch.optim.AdamW([theta], lr=0.01, weight_decay=0.0).step()
+    return theta.detach().abs().numpy()
+
+
+@pytest.mark.parametrize("prediction,ok", [
+    ((0.01, 0.01, 0.01), True),
+    ((1e-5, 0.01, 1.0), False),   # SGD thinking: the step proportional to the gradient
+    ((0.1, 0.1, 0.1), False),     # forgetting that m_hat is divided back by 1 - beta1
+])
+def test_ex10_3_prediction_test(prediction, ok):
+    src = _cells()["ex10-3-prediction-tests"]
+    ns = _namespace(prediction=prediction, first_step=_first_step())
+    if ok:
+        exec(src, ns)
+    else:
+        with pytest.raises(AssertionError):
+            exec(src.split("### BEGIN HIDDEN TESTS")[0], ns)
