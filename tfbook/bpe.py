@@ -190,7 +190,7 @@ class ByteBPETokenizer:
     #: :meth:`encode_iterable` encodes once this many characters are buffered
     STREAM_BLOCK = 1 << 12
     #: most pieces remembered by the encoder's cache (it is cleared when full)
-    CACHE_SIZE = 1 << 14
+    CACHE_SIZE = 1 << 12
 
     def __init__(self, merges: Sequence[tuple[int, int]] = (), special_tokens: Sequence[str] = ()):
         self.special_tokens = _check_specials(special_tokens)
