@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tfbook.bpe import WHITE_SPACE, ByteBPETokenizer, pretokenize
+from tfbook.bpe import GPT2_PATTERN, WHITE_SPACE, ByteBPETokenizer, gpt2_split, pretokenize
 from tfbook.data import ByteBPETokenizer as FromData
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,10 +94,18 @@ def test_pretokenize_equals_the_gpt2_scanner(text):
     assert pieces == scan_gpt2(text)
 
 
+def test_gpt2_split_is_the_compiled_pattern():
+    assert gpt2_split() is gpt2_split()  # built once
+    text = "I'm  here, 42 times!"
+    assert gpt2_split().findall(text) == pretokenize(text)
+    # the published pattern, alternative for alternative
+    assert GPT2_PATTERN.split("|")[:7] == ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d"]
+
+
 def test_pretokenize_hand_worked_cases():
     # worked out by hand from the pattern's alternatives
     assert pretokenize("I'm  here, 42 times!") == ["I", "'m", " ", " here", ",", " 42", " times", "!"]
-    assert pretokenize("a  \n\nb") == ["a", "  \n", "\n", "b"]  # the last space goes... to \s+
+    assert pretokenize("a  \n\nb") == ["a", "  \n", "\n", "b"]  # the "\\n" just before b is left to \s+
     assert pretokenize("x² ½") == ["x", "²", " ½"]  # '²' is a number (No), not a letter
     assert pretokenize("e\u0301") == ["e", "\u0301"]  # a combining mark is neither letter nor number
     assert pretokenize("a_b") == ["a", "_", "b"]  # '_' is \w for re, punctuation for GPT-2
@@ -185,6 +193,13 @@ def test_fast_training_equals_the_naive_reference(text):
     assert tok.merges == merges
     # encoding the training text reproduces the segmentation training ended with
     assert tok.encode(text) == segmentation
+
+
+def test_numpy_integers_are_accepted():
+    np = pytest.importorskip("numpy")
+    tok = ByteBPETokenizer.train("ab ab ab", num_merges=np.int64(1))
+    assert tok.merges == [(97, 98)]
+    assert tok.decode(np.array(tok.encode("ab"))) == "ab"
 
 
 def test_training_stops_when_no_pair_repeats():
@@ -390,6 +405,7 @@ def test_benchmark_script_runs_small(tmp_path):
     (lambda: ByteBPETokenizer.train("abc", vocab_size=256, special_tokens=["<s>"]), "vocab_size"),
     (lambda: ByteBPETokenizer.train("abc", num_merges=-1), "num_merges"),
     (lambda: ByteBPETokenizer.train("abc", num_merges=2.0), "num_merges"),
+    (lambda: ByteBPETokenizer.train("abc", num_merges=True), "num_merges"),
     (lambda: ByteBPETokenizer.train("abc", num_merges=1, special_tokens="<s>"), "special_tokens"),
     (lambda: ByteBPETokenizer(special_tokens=[""]), "special_tokens"),
     (lambda: ByteBPETokenizer(special_tokens=["<s>", "<s>"]), "special_tokens"),

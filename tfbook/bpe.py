@@ -13,7 +13,7 @@ Pipeline of :meth:`ByteBPETokenizer.encode`:
    ``"<|endoftext|>"`` and ``"<|endoftext|><|endoftext|>"`` the doubled string is one
    token.
 2. **pre-tokenization**: the text between special tokens is cut into pieces by
-   :data:`GPT2_SPLIT` (the GPT-2 pattern, written for the standard-library :mod:`re`;
+   :func:`gpt2_split` (the GPT-2 pattern, written for the standard-library :mod:`re`;
    :func:`pretokenize`). Merges never cross a piece boundary.
 3. **merges**: each piece is turned into its UTF-8 bytes (ids ``0..255``) and the learned
    merges are applied in the order they were learned.
@@ -44,13 +44,13 @@ from typing import Iterable, Iterator, Sequence
 __all__ = [
     "GPT2_PATTERN",
     "WHITE_SPACE",
-    "GPT2_SPLIT",
+    "gpt2_split",
     "pretokenize",
     "ByteBPETokenizer",
 ]
 
 #: GPT-2's pre-tokenizing pattern as published, for the third-party ``regex`` module
-#: (``\p{L}``: any letter, ``\p{N}``: any number). :data:`GPT2_SPLIT` is the same pattern
+#: (``\p{L}``: any letter, ``\p{N}``: any number). :func:`gpt2_split` is the same pattern
 #: written for the standard library's :mod:`re`, which has no ``\p{...}``.
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
@@ -91,35 +91,26 @@ def _numbers_not_digits() -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _split_pattern() -> re.Pattern:
+def gpt2_split() -> re.Pattern:
+    r"""GPT-2's pre-tokenizing pattern (:data:`GPT2_PATTERN`) compiled for the standard
+    :mod:`re`; built on the first call (about 0.2 s), then cached.
+
+    ``\p{L}`` becomes ``[^\W\d_]`` without the non-decimal numbers, ``\p{N}`` becomes
+    ``\d`` with them, and ``\s`` the 25 code points of :data:`WHITE_SPACE`.
+    """
     ws = re.escape(WHITE_SPACE)
     nl_no = _numbers_not_digits()
     letter = rf"[^\W\d_{nl_no}]"  # \p{L}: word characters that are no digit, no number, not _
     number = rf"[\d{nl_no}]"  # \p{N}: decimal digits and the other numbers
-    other = rf"(?:[^{ws}\w]|_)"  # [^\s\p{L}\p{N}]: not white space, not a letter or number
+    other = rf"(?:[^{ws}\w]|_)"  # [^\s\p{L}\p{N}]: neither white space, letter nor number ('_' is one)
     return re.compile(
         r"'s|'t|'re|'ve|'m|'ll|'d"  # English contractions, split off the word before
         rf"| ?{letter}+"  # a word, with at most one leading space
         rf"| ?{number}+"  # a run of digits, with at most one leading space
         rf"| ?{other}+"  # a run of punctuation and symbols, with at most one leading space
         rf"|[{ws}]+(?![^{ws}])"  # white space, leaving its last character to the next word
-        rf"|[{ws}]+"  # white space at the very end
+        rf"|[{ws}]+"  # what is left: one white-space character before a non-space
     )
-
-
-class _LazyPattern:
-    """:data:`GPT2_SPLIT` behaves as the compiled pattern; it is built on first use."""
-
-    def __getattr__(self, name):
-        return getattr(_split_pattern(), name)
-
-    def __repr__(self) -> str:
-        return "GPT2_SPLIT: GPT-2's pre-tokenizing pattern for the standard re module"
-
-
-#: GPT-2's pattern for :mod:`re` (a compiled pattern, built on first use): use
-#: ``GPT2_SPLIT.findall(text)`` or :func:`pretokenize`.
-GPT2_SPLIT = _LazyPattern()
 
 
 def pretokenize(text: str) -> list[str]:
@@ -132,7 +123,7 @@ def pretokenize(text: str) -> list[str]:
     """
     if not isinstance(text, str):
         raise ValueError(f"text must be a str, got {type(text).__name__}")
-    return _split_pattern().findall(text)
+    return gpt2_split().findall(text)
 
 
 def _merge(ids: list[int], a: int, b: int, new_id: int) -> list[int]:
@@ -162,8 +153,12 @@ def _check_specials(special_tokens) -> list[str]:
 
 
 def _check_count(name: str, value, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        value = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return value
@@ -253,10 +248,9 @@ class ByteBPETokenizer:
                              f"got vocab_size={vocab_size!r}, num_merges={num_merges!r}")
         if vocab_size is not None:
             floor = 256 + len(specials)
-            _check_count("vocab_size", vocab_size, floor)
-            num_merges = vocab_size - floor
+            num_merges = _check_count("vocab_size", vocab_size, floor) - floor
         else:
-            _check_count("num_merges", num_merges)
+            num_merges = _check_count("num_merges", num_merges)
         pieces: Counter = Counter()
         for segment in (cls(special_tokens=specials)._split_specials(text) if specials else [text]):
             if isinstance(segment, str):
@@ -307,7 +301,7 @@ class ByteBPETokenizer:
             if isinstance(segment, int):
                 out.append(segment)
             else:
-                for piece in _split_pattern().findall(segment):
+                for piece in gpt2_split().findall(segment):
                     out.extend(self._encode_piece(piece))
         return out
 
@@ -327,7 +321,7 @@ class ByteBPETokenizer:
         n = len(buf)
         L = max((len(s) for s in self.special_tokens), default=1)
         limit = n - L + 1
-        pattern = _split_pattern()
+        pattern = gpt2_split()
         items: list = []
         text_start = 0
         if self._special_re is not None:
@@ -378,7 +372,7 @@ class ByteBPETokenizer:
             if isinstance(segment, int):
                 yield segment
             else:
-                for m in _split_pattern().finditer(segment):
+                for m in gpt2_split().finditer(segment):
                     yield from self._encode_piece(m.group())
 
     # -- decoding ------------------------------------------------------------------------
