@@ -127,6 +127,13 @@ MUTANTS["07_positional_information"] = {
                 PE[:, 0::2], PE[:, 1::2] = np.sin(angle), np.cos(angle)
                 return PE
             """, "the base argument was ignored"),
+        ("float32", """
+            def sinusoidal_encoding(T, D, base=10000.0):
+                angle = np.arange(T, dtype=np.float32)[:, None] * np.float32(base) ** (-np.arange(0, D, 2, dtype=np.float32) / D)
+                PE = np.empty((T, D), dtype=np.float32)
+                PE[:, 0::2], PE[:, 1::2] = np.sin(angle), np.cos(angle)
+                return PE
+            """, "return float64"),
     ],
     "ex7-2-rotary-tests": [
         ("clockwise", """
@@ -167,6 +174,16 @@ MUTANTS["07_positional_information"] = {
                 out[..., 1::2] = X[..., 0::2] * s + X[..., 1::2] * c
                 return out
             """, "the positions argument was ignored"),
+        ("base ignored", """
+            def rotary(X, positions, base=10000.0):
+                D = X.shape[-1]
+                theta = np.asarray(positions, dtype=float)[:, None] * 10000.0 ** (-np.arange(0, D, 2) / D)
+                c, s = np.cos(theta), np.sin(theta)
+                out = np.empty(np.shape(X))
+                out[..., 0::2] = X[..., 0::2] * c - X[..., 1::2] * s
+                out[..., 1::2] = X[..., 0::2] * s + X[..., 1::2] * c
+                return out
+            """, "the base argument was ignored"),
     ],
 }
 
@@ -228,6 +245,13 @@ MUTANTS["08_mlp_residuals_layernorm"] = {
                 xh, g = (X - mu) / s, G * gamma
                 return (g - g.mean(axis=-1, keepdims=True) - xh * (g * xh).mean(axis=-1, keepdims=True)) / s
             """, "eps was left out"),
+        ("eps argument ignored", """
+            def layer_norm_backward(X, gamma, G, eps=1e-5):
+                mu = X.mean(axis=-1, keepdims=True)
+                s = np.sqrt(((X - mu) ** 2).mean(axis=-1, keepdims=True) + 1e-5)
+                xh, g = (X - mu) / s, G * gamma
+                return (g - g.mean(axis=-1, keepdims=True) - xh * (g * xh).mean(axis=-1, keepdims=True)) / s
+            """, "the eps argument was ignored"),
     ],
 }
 
