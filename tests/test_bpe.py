@@ -419,7 +419,8 @@ def test_benchmark_script_runs_small(tmp_path):
     (lambda: _TOK.decode(["a"]), "ids"),
     (lambda: _TOK.decode("abc"), "ids"),
     (lambda: _TOK.decode([1], errors="oops"), "errors"),
-    (lambda: list(_TOK.encode_iterable("a string")), "iterable"),
+    (lambda: _TOK.encode_iterable("a string"), "iterable"),  # at the call, before any iteration
+    (lambda: _TOK.encode_iterable(3), "iterable"),
     (lambda: list(_TOK.encode_iterable(["ok", b"bytes"])), "iterable"),
     (lambda: _TOK.save(3), "path"),
     (lambda: ByteBPETokenizer.load("/nonexistent/bpe.json"), "path"),

@@ -346,11 +346,15 @@ class ByteBPETokenizer:
         Equals ``encode("".join(iterable))``. The text is encoded up to the last point
         that no later text can change (:meth:`_stable_prefix`); the rest waits for more. So
         memory is bounded by :attr:`STREAM_BLOCK` plus the longest piece and the longest
-        chunk of the iterable.
+        chunk of the iterable, and the encoder's cache of at most :attr:`CACHE_SIZE` pieces.
+        The argument is checked at the call, its items as they are read.
         """
         if isinstance(iterable, (str, bytes)) or not hasattr(iterable, "__iter__"):
             raise ValueError("iterable must be an iterable of strings (e.g. an open text file), "
                              f"got {type(iterable).__name__}")
+        return self._stream(iterable)
+
+    def _stream(self, iterable: Iterable[str]) -> Iterator[int]:
         buf = ""
         for k, chunk in enumerate(iterable):
             if not isinstance(chunk, str):
