@@ -409,47 +409,67 @@ def test_lr_schedule_equals_torch_schedulers():
     assert ours[warmup - 1] == lr and abs(ours[-1] - min_lr) < 1e-15
 
 
-def _torch_train(model, opt, batches, start, stop, gen=None):
+def _torch_train(model, opt, steps, gen):
+    """``steps`` steps on batches drawn from ``gen``; the recorded loss also draws from the global
+    RNG (as dropout would), so both generators' states matter to the losses."""
     losses = []
-    for step in range(start, stop):
-        x, y = batches[step]
-        noise = torch.randn(()) * 0 if gen is None else torch.rand((), generator=gen)  # uses the RNGs
+    for _ in range(steps):
+        x = torch.randint(0, 11, (4, 8), generator=gen)
         opt.zero_grad()
-        loss = lm_loss(model, x, y) + 0 * noise
+        loss = lm_loss(model, x, (x + 1) % 11)
         loss.backward()
         tt.clip_grad_norm(model.parameters(), 1.0)
         opt.step()
-        losses.append(loss.item())
+        losses.append(loss.item() + 1e-3 * torch.rand(()).item())
     return losses
 
 
 @pytest.mark.parametrize("opt_cls", [torch.optim.AdamW, tt.AdamW])
 def test_checkpoint_resume_is_exact_torch(tmp_path, opt_cls):
-    batches = _batches(20)
     _, model = _lm()
     opt = opt_cls(model.parameters(), lr=3e-3)
-    gen = torch.Generator().manual_seed(5)
-    straight = _torch_train(model, opt, batches, 0, 20, gen)
+    torch.manual_seed(11)
+    straight = _torch_train(model, opt, 20, torch.Generator().manual_seed(5))
     _, m2 = _lm()
     o2 = opt_cls(m2.parameters(), lr=3e-3)
     g2 = torch.Generator().manual_seed(5)
-    first = _torch_train(m2, o2, batches, 0, 10, g2)
+    torch.manual_seed(11)
+    first = _torch_train(m2, o2, 10, g2)
     tt.save_checkpoint(tmp_path / "ck.pt", m2, o2, 10, generator=g2)
-    _, m3 = _lm(seed=99)  # different weights: everything must come from the checkpoint
-    o3 = opt_cls(m3.parameters(), lr=3e-3)
-    g3 = torch.Generator().manual_seed(123)
-    step, _ = tt.load_checkpoint(tmp_path / "ck.pt", m3, o3, generator=g3)
-    assert step == 10
-    resumed = first + _torch_train(m3, o3, batches, 10, 20, g3)
+
+    def resume(load=tt.load_checkpoint, fresh_optimiser=False):
+        _, m3 = _lm(seed=99)  # other weights, other generators: everything must come from the file
+        o3 = opt_cls(m3.parameters(), lr=3e-3)
+        g3 = torch.Generator().manual_seed(123)
+        torch.manual_seed(0)
+        step, _ = load(tmp_path / "ck.pt", m3, o3, generator=g3)
+        assert step == 10
+        if fresh_optimiser:
+            o3 = opt_cls(m3.parameters(), lr=3e-3)
+        return m3, first + _torch_train(m3, o3, 10, g3)
+
+    m3, resumed = resume()
     assert resumed == straight  # bit for bit
     for (n, a), (_, b) in zip(model.named_parameters(), m3.named_parameters()):
         assert torch.equal(a, b), n
-    # mutation: resuming without the optimiser state is not exact
-    _, m4 = _lm(seed=99)
-    o4 = opt_cls(m4.parameters(), lr=3e-3)
-    tt.load_checkpoint(tmp_path / "ck.pt", m4, o4, generator=torch.Generator())
-    o4 = opt_cls(m4.parameters(), lr=3e-3)  # fresh moments
-    assert first + _torch_train(m4, o4, batches, 10, 20) != straight
+    # mutations: resuming without the optimiser state, without the batch generator's state, or
+    # without the global RNG state is not exact
+    assert resume(fresh_optimiser=True)[1] != straight
+
+    def without_generator(path, m, o, generator=None):
+        return tt.load_checkpoint(path, m, o)  # generator left as it was
+
+    def without_global_rng(path, m, o, generator=None):
+        state = torch.get_rng_state()
+        out = tt.load_checkpoint(path, m, o, generator=generator)
+        torch.set_rng_state(state)
+        return out
+
+    with pytest.raises(ValueError, match="holds no generator state"):
+        tt.save_checkpoint(tmp_path / "nogen.pt", m2, o2, 10)
+        tt.load_checkpoint(tmp_path / "nogen.pt", m2, o2, generator=torch.Generator())
+    assert resume(without_generator)[1] != straight
+    assert resume(without_global_rng)[1] != straight
 
 
 def test_checkpoint_resume_is_exact_numpy(tmp_path):
