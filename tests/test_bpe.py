@@ -438,5 +438,14 @@ def test_load_rejects_a_vocab_that_disagrees_with_the_merges(tmp_path):
         ByteBPETokenizer.load(path)
 
 
+def test_load_rejects_malformed_files(tmp_path):
+    path = tmp_path / "bpe.json"
+    for body in ('{"format": "tfbook-byte-bpe-1"}', '{"format": "tfbook-byte-bpe-1", "merges": [[1, 999]], '
+                 '"special_tokens": []}', "[1, 2]", "not json"):
+        path.write_text(body)
+        with pytest.raises(ValueError, match="path"):
+            ByteBPETokenizer.load(path)
+
+
 def test_white_space_constant_is_unicode_white_space():
     assert set(WHITE_SPACE) == _WS and len(WHITE_SPACE) == 25

@@ -434,10 +434,14 @@ class ByteBPETokenizer:
             raise ValueError(f"path {str(path)!r} is not a readable tokenizer file: {err}") from None
         if not isinstance(data, dict) or data.get("format") != "tfbook-byte-bpe-1":
             raise ValueError(f"path {str(path)!r} is not a tfbook byte-BPE file")
-        tok = cls([tuple(p) for p in data["merges"]], data["special_tokens"])
-        for i, hx in data.get("vocab", {}).items():
-            if tok.vocab[int(i)].hex() != hx:
-                raise ValueError(f"path {str(path)!r}: vocab entry {i} does not match the merges")
+        try:
+            tok = cls([tuple(p) for p in data["merges"]], data["special_tokens"])
+            vocab = dict(data.get("vocab", {}))
+            bad = [i for i, hx in vocab.items() if tok.vocab[int(i)].hex() != hx]
+        except (KeyError, TypeError, IndexError, ValueError) as err:
+            raise ValueError(f"path {str(path)!r} holds a malformed tokenizer: {err}") from None
+        if bad:
+            raise ValueError(f"path {str(path)!r}: vocab entries {bad[:5]} do not match the merges")
         return tok
 
 
