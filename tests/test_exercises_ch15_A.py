@@ -165,6 +165,111 @@ MISTAKES["16_cost"] = {
 }
 
 
+_BLOCKS = """
+def attention_by_blocks(Q, K, V, block_size):
+    T_q, D_K = Q.shape
+    q = Q / SCALE
+    m = np.full((T_q, 1), -np.inf)
+    l = np.zeros((T_q, 1))
+    acc = np.zeros((T_q, V.shape[1]))
+    for j0 in range(0, STOP, block_size):
+        S = q @ K[j0:j0 + block_size].T
+        m_new = np.maximum(m, S.max(axis=1, keepdims=True))
+        alpha = ALPHA
+        E = np.exp(S - SHIFT)
+        l = alpha * l + E.sum(axis=1, keepdims=True)
+        acc = alpha * acc + E @ V[j0:j0 + block_size]
+        m = m_new
+    return acc / l
+"""
+
+
+def _blocks(**change):
+    src = _BLOCKS
+    for k, v in {"SCALE": "math.sqrt(D_K)", "STOP": "K.shape[0]", "ALPHA": "np.exp(m - m_new)",
+                 "SHIFT": "m_new", **change}.items():
+        src = src.replace(k, v)
+    return _code(src)
+
+
+MISTAKES["17_efficient_attention"] = {
+    "ex17-1-attention-by-blocks-tests": {
+        "scores not scaled": (_blocks(SCALE="1.0"), "the scores were not divided by sqrt(D_K)"),
+        "ragged last block dropped": (_blocks(STOP="K.shape[0] - block_size + 1"),
+                                      "the last, shorter block was dropped"),
+        "old sums not re-based": (_blocks(ALPHA="1.0"), "multiply the old denominator and numerator by exp"),
+        "no maximum subtracted": (_blocks(ALPHA="1.0", SHIFT="0.0"), "NaN or inf with scores in the hundreds"),
+        "all scores at once": (_code("""
+            def attention_by_blocks(Q, K, V, block_size):
+                S = Q @ K.T / math.sqrt(Q.shape[1])
+                E = np.exp(S - S.max(axis=1, keepdims=True))
+                return (E / E.sum(axis=1, keepdims=True)) @ V
+        """), "did you compute all scores at once?"),
+    },
+    "ex17-4-linear-rnn-tests": {
+        "read before the update": (_code("""
+            def linear_attention_rnn(Q, K, V):
+                T, D_K = Q.shape
+                U, n, Z = np.zeros((D_K, V.shape[1])), np.zeros(D_K), np.empty((T, V.shape[1]))
+                for i in range(T):
+                    k, q = elu1(K[i]), elu1(Q[i])
+                    Z[i] = (q @ U) / (q @ n)
+                    U += np.outer(k, V[i])
+                    n += k
+                return Z
+        """), "was read before position i entered the state"),
+        "not causal": (_code("""
+            def linear_attention_rnn(Q, K, V):
+                U = elu1(K).T @ V
+                n = elu1(K).sum(axis=0)
+                return np.stack([(elu1(q) @ U) / (elu1(q) @ n) for q in Q])
+        """), "the output is not causal"),
+        "no normaliser": (_code("""
+            def linear_attention_rnn(Q, K, V):
+                T, D_K = Q.shape
+                U, Z = np.zeros((D_K, V.shape[1])), np.empty((T, V.shape[1]))
+                for i in range(T):
+                    U += np.outer(elu1(K[i]), V[i])
+                    Z[i] = elu1(Q[i]) @ U
+                return Z
+        """), "the normaliser is missing"),
+        "phi not applied": (_code("""
+            def linear_attention_rnn(Q, K, V):
+                T, D_K = Q.shape
+                U, n, Z = np.zeros((D_K, V.shape[1])), np.zeros(D_K), np.empty((T, V.shape[1]))
+                for i in range(T):
+                    U += np.outer(K[i], V[i])
+                    n += K[i]
+                    Z[i] = (Q[i] @ U) / (Q[i] @ n)
+                return Z
+        """), "phi was not applied"),
+    },
+}
+
+
+MISTAKES["18_parallel_training"] = {
+    "ex18-1-combine-tests": {
+        "equal weights": (_code("""
+            def combine_shard_gradients(grads, sizes):
+                return np.mean(grads, axis=0)
+        """), "averaged with equal weights"),
+        "weights not divided by N": (_code("""
+            def combine_shard_gradients(grads, sizes):
+                return sum(n * np.asarray(g) for g, n in zip(grads, sizes))
+        """), "were not divided by N"),
+        "summed": (_code("""
+            def combine_shard_gradients(grads, sizes):
+                return sum(np.asarray(g) for g in grads)
+        """), "the shard gradients were summed"),
+        "integer division": (_code("""
+            def combine_shard_gradients(grads, sizes):
+                N = sum(sizes)
+                return sum(n // N * np.asarray(g) for g, n in zip(grads, sizes))
+        """), "n // N is integer division"),
+    },
+}
+
+
 @functools.lru_cache(maxsize=None)
 def _master(chapter: str):
     return nbformat.read(str(ROOT / "notebooks" / f"{chapter}.ipynb"), as_version=4)
