@@ -303,7 +303,12 @@ def test_numpy_training_equals_torch_over_50_steps():
     assert np.max(np.abs(np.array(loss_t) - loss_n)) < TRAIN_ATOL
     assert loss_t[-1] < loss_t[0] - 0.1  # it trained (a frozen model would pass equality too)
     for name, p in model.named_parameters():
-        assert _max_err(params[name], p.detach().numpy()) < TRAIN_ATOL
+        # b_K's true gradient is 0 (it shifts every score of a row equally); both sides compute
+        # round-off there (~1e-18), which Adam divides by eps: up to ~lr * 1e-16 / eps per step
+        tol = 1e-7 if name.endswith("b_K") else TRAIN_ATOL
+        assert _max_err(params[name], p.detach().numpy()) < tol, name
+        if name.endswith("b_K"):
+            assert np.abs(p.grad.numpy()).max() < 1e-14  # the last step's gradient: round-off only
 
 
 def _fixed_gradients(steps=100, seed=0):
