@@ -17,6 +17,9 @@ from tfbook.torch import functional as TF
 
 from conftest import random_decoder_params, random_encoder_params, random_ffn_params, random_mha_params
 
+import error_cases_modern
+import error_cases_training
+
 ATOL = 1e-12  # float64 round-off (different summation orders in NumPy and torch)
 
 # Public NumPy functions with no torch twin of their own: name -> (the torch function computing
@@ -149,6 +152,9 @@ def _cases():
         for c in (False, True)
     ]
     del r
+    # the training and modern-decoder chapters keep their cases next to their error cases
+    for extra in (error_cases_training, error_cases_modern):
+        C.update(getattr(extra, "PARITY_CASES", {}))
     return C
 
 
