@@ -270,6 +270,24 @@ MISTAKES["18_parallel_training"] = {
 }
 
 
+MISTAKES["A_history"] = {
+    "exA-1-additive-scores-tests": {
+        "axes swapped": (_code("""
+            def additive_scores(Q, K, W_q, W_k, v):
+                return np.tanh((Q @ W_q)[None, :, :] + (K @ W_k)[:, None, :]) @ v
+        """), "the axes are swapped"),
+        "tanh of each term": (_code("""
+            def additive_scores(Q, K, W_q, W_k, v):
+                return (np.tanh(Q @ W_q) @ v)[:, None] + (np.tanh(K @ W_k) @ v)[None, :]
+        """), "tanh was applied to q_i W_q and k_j W_k separately"),
+        "no tanh": (_code("""
+            def additive_scores(Q, K, W_q, W_k, v):
+                return ((Q @ W_q)[:, None, :] + (K @ W_k)[None, :, :]) @ v
+        """), "the tanh is missing"),
+    },
+}
+
+
 @functools.lru_cache(maxsize=None)
 def _master(chapter: str):
     return nbformat.read(str(ROOT / "notebooks" / f"{chapter}.ipynb"), as_version=4)
