@@ -17,7 +17,7 @@ windows) for three seeds, at the peak learning rate that minimised its validatio
 character on seed 0 among :data:`LRS`. The test slice is read once, in :func:`scores`.
 The seed-0 weights (float16) and ``modern_scores.json`` (every run's validation and test
 bits per character, test accuracy, training tokens per second, validation curve) are
-regenerated, in about 15 minutes of one CPU core, by::
+regenerated, in 15 to 30 minutes of one CPU core (30 on a busy machine), by::
 
     python -m tfbook.tasks.modern                # or --out DIR
 """

@@ -261,7 +261,7 @@ class LlamaLMConfig:
     num_heads: int = 4  # H query heads; D_K = D / H
     num_kv_heads: int = 4  # H_kv key/value heads (H: multi-head, 1: multi-query), divides H
     num_layers: int = 2  # blocks
-    d_ff: int = 172  # SwiGLU width, about 8D/3 (the parameters of a 4D two-matrix MLP)
+    d_ff: int = 171  # SwiGLU width, about 8D/3 (the parameters of a 4D two-matrix MLP)
     rope: str = "half"  # rotary layout: "half" (Llama as in Hugging Face) or "interleaved"
     rope_base: float = 10000.0  # angle of pair i at position p: p * base**(-2i/D_K)
     tie_weights: bool = True  # the output head reuses the token embedding W_E (transposed)
