@@ -17,8 +17,8 @@ from tfbook.torch import functional as TF
 
 from conftest import random_decoder_params, random_encoder_params, random_ffn_params, random_mha_params
 
-import error_cases_modern
 import error_cases_training
+import test_modern_functions
 
 ATOL = 1e-12  # float64 round-off (different summation orders in NumPy and torch)
 
@@ -153,8 +153,8 @@ def _cases():
     ]
     del r
     # the training and modern-decoder chapters keep their cases next to their error cases
-    for extra in (error_cases_training, error_cases_modern):
-        C.update(getattr(extra, "PARITY_CASES", {}))
+    C.update(error_cases_training.PARITY_CASES)
+    C.update(test_modern_functions.PARITY_CASES)
     return C
 
 
@@ -198,7 +198,7 @@ def test_numpy_equals_torch(name, i, seed, device):
     g = np.random.default_rng(seed)
     args, kwargs, torch_extra = CASES[name][i](g)
     out_np = getattr(tnp, name)(*args, **kwargs)
-    if name in ("causal_mask", "sliding_window_mask"):
+    if name in ("causal_mask", "sliding_window_mask", "rope_permutation"):
         torch_extra = {**torch_extra, "device": device}
     if name.startswith("sinusoidal"):
         torch_extra = {**torch_extra, "device": device}
