@@ -265,7 +265,7 @@ def make_class(subs: Path, released: dict[str, Path], out: Path, tag: str, port:
     wrong_axis = r0["ex0-1-softmax"].replace("axis=axis, keepdims", "axis=0, keepdims")
     assert wrong_axis != r0["ex0-1-softmax"]
     nbs["ben_wrong"] = {CH0: _answer(s0, {**r0, "ex0-1-softmax": wrong_axis,
-                                          "ex0-2-prediction": "prediction = (2, 4, 5, 3)",
+                                          "ex0-2-prediction": "prediction_0_2 = (2, 4, 5, 3)",
                                           "ex0-4-prediction": "prediction = 0.5"})}
     if CH4 in students:
         nbs["ben_wrong"][CH4] = _answer(students[CH4], {**right[CH4], "ex4-1-self-attention": NO_MAX})
@@ -281,12 +281,12 @@ def make_class(subs: Path, released: dict[str, Path], out: Path, tag: str, port:
     nbs["hal_blank"] = {CH0: s0}
     nbs["ivy_empty"] = {CH0: ""}
     nbs["cheat_rebind"] = {CH0: _answer(s0, {"ex0-1-softmax": CHEAT_REBIND,
-                                             "ex0-2-prediction": "prediction = (0, 0, 0, 0)",
+                                             "ex0-2-prediction": "prediction_0_2 = (0, 0, 0, 0)",
                                              "ex0-3-scores": "def scores(Q, K):\n    return np.zeros((9, 9, 9, 9))\n",
                                              "ex0-4-prediction": "prediction = 0.9"})}
     nbs["cheat_transformer"] = {CH0: _answer(s0, {"ex0-1-softmax": CHEAT_TRANSFORMER})}
     nbs["cheat_failpatch"] = {CH0: _answer(s0, {"ex0-1-softmax": CHEAT_FAIL,
-                                                "ex0-2-prediction": "prediction = (2, 4, 5, 3)",
+                                                "ex0-2-prediction": "prediction_0_2 = (2, 4, 5, 3)",
                                                 "ex0-3-scores": "def scores(Q, K):\n    return Q @ K.T\n",
                                                 "ex0-4-prediction": "prediction = 0.9"})}
     sig = _answer(s0, r0)
