@@ -60,7 +60,9 @@ def cheats(tmp_path_factory):
 def test_cheats_beat_a_shared_kernel(cheats):
     # tests/test_exercises_pipeline.py grades the same notebooks: 0 points each
     assert course_demo.EXPECTED["cheat_rebind"][CH0][0] == 0
-    assert cheats["cheat_rebind"] == 7  # full marks, no work
+    # every answer wrong, yet 4 of 7 points: the checks that call tfbook.checks or builtins are
+    # disarmed (the visible tests that raise AssertionError themselves still catch two exercises)
+    assert cheats["cheat_rebind"] >= 4
     assert cheats["cheat_transformer"] == 7  # every later cell became `pass`
     assert cheats["cheat_failpatch"] >= 3  # the visible checks stopped failing, all answers wrong
 
@@ -76,10 +78,11 @@ def test_hidden_diagnosis_names_a_property_only():
 
     from tfbook import numpy as tnp
 
-    def naive(x, axis=-1):  # right values, but always float64: the hidden dtype case fails
-        x = np.asarray(x, dtype=np.float64)
+    def naive(x, axis=-1):  # right on every matrix, but a 1-D input comes back reversed: hidden case C fails
+        x = np.asarray(x)
         e = np.exp(x - x.max(axis=axis, keepdims=True))
-        return e / e.sum(axis=axis, keepdims=True)
+        p = e / e.sum(axis=axis, keepdims=True)
+        return p[::-1] if x.ndim == 1 else p
 
     results = {}
     for k, (blob, _) in enumerate(calls):
@@ -88,8 +91,7 @@ def test_hidden_diagnosis_names_a_property_only():
             results[k] = (True, naive(*args, **kwargs))
     verdict = judge.evaluate({}, {gid: {"softmax": results}})[gid]
     assert not verdict["passed"] and verdict["part"] == "hidden"
-    assert verdict["diagnosis"] == ("hidden case B: the property checked does not hold (wrong dtype: "
-                                    "a float32 input must give a float32 result)")
+    assert verdict["diagnosis"] == "hidden case C: wrong values (a 1-D input (a single vector of logits))"
     for leak in ("1e4", "10000", "expected", "got", "(2, 3)", "index"):
         assert leak not in verdict["diagnosis"], leak
     # the right answer passes, so the check can fail either way
