@@ -173,11 +173,35 @@ def adamw_in_place(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_d
     return p, m, v
 
 
+def adamw_eps_inside_sqrt(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01):
+    p = p * (1 - lr * weight_decay)
+    m = beta1 * m + (1 - beta1) * g
+    v = beta2 * v + (1 - beta2) * g * g
+    return p - lr * (m / (1 - beta1 ** t)) / np.sqrt(v / (1 - beta2 ** t) + eps), m, v
+
+
+def adamw_decay_after_step(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01):
+    m = beta1 * m + (1 - beta1) * g
+    v = beta2 * v + (1 - beta2) * g * g
+    p = p - lr * (m / (1 - beta1 ** t)) / (np.sqrt(v / (1 - beta2 ** t)) + eps)
+    return p * (1 - lr * weight_decay), m, v
+
+
+def adamw_bias_correction_t_minus_1(p, g, m, v, t, lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.01):
+    p = p * (1 - lr * weight_decay)
+    m = beta1 * m + (1 - beta1) * g
+    v = beta2 * v + (1 - beta2) * g * g
+    return p - lr * (m / (1 - beta1 ** (t - 1))) / (np.sqrt(v / (1 - beta2 ** (t - 1))) + eps), m, v
+
+
 ADAMW_MISTAKES = [
     (adamw_no_bias_correction, "no bias correction"),
     (adamw_l2, "weight decay added to the gradient"),
     (adamw_decay_without_lr, "decay not multiplied by lr"),
     (adamw_in_place, "the inputs were modified in place"),
+    (adamw_eps_inside_sqrt, "eps inside the square root"),
+    (adamw_decay_after_step, "weight decay applied after the Adam step"),
+    (adamw_bias_correction_t_minus_1, "bias correction with t - 1 instead of t"),
 ]
 
 
@@ -200,21 +224,28 @@ def test_ex10_2_each_named_mistake_fails_the_visible_test(wrong, phrase):
 
 def _first_step():
     theta = nn.Parameter(torch.zeros(3, dtype=torch.float64))
-    theta.grad = torch.tensor([1e-3, 1.0, 100.0], dtype=torch.float64)
+    theta.grad = torch.tensor([1e-9, 1.0, 100.0], dtype=torch.float64)
     torch.optim.AdamW([theta], lr=0.01, weight_decay=0.0).step()
     return theta.detach().abs().numpy()
 
 
-@pytest.mark.parametrize("prediction,ok", [
-    ((0.01, 0.01, 0.01), True),
-    ((1e-5, 0.01, 1.0), False),   # SGD thinking: the step proportional to the gradient
-    ((0.1, 0.1, 0.1), False),     # forgetting that m_hat is divided back by 1 - beta1
+@pytest.mark.parametrize("prediction,phrase", [
+    ((0.01 / 11, 0.01, 0.01), None),
+    ((0.01, 0.01, 0.01), "Did you drop ε?"),           # eps dropped: sqrt(v_hat) = 1e-9 < eps = 1e-8
+    ((1e-11, 0.01, 1.0), "as in SGD"),                 # SGD thinking: the step proportional to the gradient
+    ((0.1 / 11, 0.1, 0.1), "as in SGD"),               # forgetting that m_hat is divided back by 1 - beta1
+    ((0.01 / 10, 0.01, 0.01), "as in SGD"),            # eps alone in the denominator: off by 10%
 ])
-def test_ex10_3_prediction_test(prediction, ok):
+def test_ex10_3_prediction_test(prediction, phrase):
     src = _cells()["ex10-3-prediction-tests"]
     ns = _namespace(prediction=prediction, first_step=_first_step())
-    if ok:
+    if phrase is None:
         exec(src, ns)
     else:
-        with pytest.raises(AssertionError):
+        with pytest.raises(AssertionError, match=re.escape(phrase)):
             exec(src.split("### BEGIN HIDDEN TESTS")[0], ns)
+
+
+def test_ex10_3_true_changes_are_the_closed_form():
+    """The verification cell's numbers are lr |g| / (|g| + eps): 0.01 / 11 for the tiny gradient."""
+    np.testing.assert_allclose(_first_step(), [0.01 / 11, 0.01 / (1 + 1e-8), 0.01 / (1 + 1e-10)], rtol=1e-12)

@@ -395,8 +395,6 @@ def test_clip_grad_norm_equals_torch():
 
 
 def test_lr_schedule_equals_torch_schedulers():
-    import warnings
-
     steps, warmup, lr, min_lr = 50, 10, 1e-2, 1e-3
     ours = lr_schedule(("warmup_cosine", warmup, min_lr), lr, steps)
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
@@ -404,14 +402,15 @@ def test_lr_schedule_equals_torch_schedulers():
     s2 = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps - warmup, eta_min=min_lr)
     sched = torch.optim.lr_scheduler.SequentialLR(opt, [s1, s2], milestones=[warmup - 1])
     ref = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for _ in range(steps):
-            ref.append(opt.param_groups[0]["lr"])
-            opt.step()
-            sched.step()
+    for _ in range(steps):  # optimizer.step() before scheduler.step(): no warning to silence
+        ref.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
     assert max(abs(a - b) for a, b in zip(ours, ref)) < 1e-15
-    assert ours[warmup - 1] == lr and abs(ours[-1] - min_lr) < 1e-15
+    assert ours[warmup - 1] == lr and abs(ours[-1] - min_lr) < 1e-15  # peak at W - 1, floor at S - 1
+    # the chapter's claim: W = 0 behaves as W = 1 (step 0 at the peak, then the cosine)
+    w0, w1 = lr_schedule(("warmup_cosine", 0, min_lr), lr, steps), lr_schedule(("warmup_cosine", 1, min_lr), lr, steps)
+    assert max(abs(a - b) for a, b in zip(w0, w1)) < 1e-15  # float64 round-off (step 0: the cosine at 0 vs lr * 1/1)
 
 
 def _torch_train(model, opt, steps, gen):

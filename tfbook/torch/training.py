@@ -107,8 +107,9 @@ def lr_schedule(schedule, lr: float, steps: int) -> list[float]:
 
     * ``"constant"``: ``lr`` throughout.
     * ``("warmup_cosine", warmup, min_lr)``: linear from ``lr / warmup`` to ``lr`` over the
-      first ``warmup`` steps (step ``warmup`` uses ``lr``), then a half cosine from ``lr``
-      down to ``min_lr`` at the last step.
+      first ``warmup`` steps (steps count from 0, so step ``warmup - 1`` uses ``lr``), then a
+      half cosine from ``lr`` down to ``min_lr`` at the last step, ``steps - 1``
+      (``warmup=0`` behaves as ``warmup=1``).
     * ``("hold_linear", hold)``: ``lr`` for ``hold`` steps, then linearly down towards 0
       (step ``s >= hold`` uses ``lr * (steps - s) / (steps - hold)``).
     * ``("one_cycle", pct_start)``: PyTorch's ``OneCycleLR`` warming up for the fraction
