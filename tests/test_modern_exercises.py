@@ -41,7 +41,21 @@ MUTANTS = {
         ("unchanged", """
             def to_rotate_half(W, num_heads):
                 return W.copy()
-            """, "attention weights"),
+            """, "W returned unchanged"),
+        ("float64 permutation matrix", """
+            def to_rotate_half(W, num_heads):
+                D_K = W.shape[1] // num_heads
+                pi = np.concatenate([np.arange(0, D_K, 2), np.arange(1, D_K, 2)])
+                cols = np.concatenate([h * D_K + pi for h in range(num_heads)])
+                return W @ np.eye(W.shape[1])[:, cols]
+            """, "keep W's dtype"),
+    ],
+    "ex14-2-cache-size-tests": [
+        ("keys only", "prediction_cache_mib = 192", "one of them was forgotten"),
+        ("all heads", "prediction_cache_mib = 1536", "instead of H_kv D_K"),
+        ("float32", "prediction_cache_mib = 768", "float32"),
+        ("one layer", "prediction_cache_mib = 16", "one layer only"),
+        ("MB", "prediction_cache_mib = 402.65", "MB (10^6 bytes) instead of MiB"),
     ],
     "ex14-3-gqa-from-mha-tests": [
         ("W_Q pooled", """

@@ -3,7 +3,7 @@
 HIDDEN = {
     "ex14-1-rotate-half-tests": {
         "A": "three heads of another width, a batch axis, one key head: the scores must still agree",
-        "B": "the dtype of W must be kept",
+        "B": "three heads of width 4 in float32: the dtype must be kept and each head's columns reordered",
         "C": "a single head: the rotate-half rotation of your projection must equal the permuted interleaved one",
     },
     "ex14-2-cache-size-tests": {"D": "the predicted cache size"},
