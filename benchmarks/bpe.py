@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
+from benchmarks._common import cpu_name  # noqa: E402
 from tfbook.bpe import ByteBPETokenizer, pretokenize  # noqa: E402
 from tfbook.data import BPETokenizer  # noqa: E402
 
@@ -63,14 +64,7 @@ def corpus_bytes(n: int) -> str:
 
 def machine() -> str:
     """One line describing this machine: CPU model, cores, Python."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        if names:
-            cpu = names[0]
-    except OSError:
-        pass
+    cpu = cpu_name()
     return f"{cpu}; {os.cpu_count()} cores; Python {platform.python_version()}; {platform.system()} {platform.machine()}"
 
 

@@ -61,6 +61,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
+from benchmarks._common import cpu_name  # noqa: E402
 import tfbook.numpy as tnp  # noqa: E402
 from tfbook.measure import median_seconds, peak_extra_bytes, threads  # noqa: E402
 from tfbook.torch.models import DecoderLM, DecoderLMConfig, num_params  # noqa: E402
@@ -88,14 +89,7 @@ def memory_bytes() -> int:
 
 def machine() -> str:
     """One line describing this machine: CPU model, cores, memory, torch, numpy and BLAS."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        if names:
-            cpu = names[0]
-    except OSError:
-        pass
+    cpu = cpu_name()
     try:
         from threadpoolctl import threadpool_info
 

@@ -30,14 +30,6 @@ __all__ = [
 ]
 
 
-def _as_float(x, name: str) -> np.ndarray:
-    x = np.asarray(x)
-    if x.dtype.kind in "biu":
-        x = x.astype(np.float64)
-    _v.check_floating(name, x)
-    return x
-
-
 # ---------------------------------------------------------------------------
 # Norm and activations
 # ---------------------------------------------------------------------------
@@ -390,3 +382,9 @@ def grouped_query_attention(X_q, X_kv, params, num_heads, num_kv_heads, mask=Non
     V = np.repeat(V, G, axis=-3)
     Z, P = scaled_dot_product_attention(Q, K, V, mask=mask)  # (..., H, T_q, D_K), (..., H, T_q, T_kv)
     return lin(merge_heads(Z), "O"), P
+
+
+# tfbook.numpy's input conversion (integer and boolean input becomes float64), imported
+# last because tfbook.numpy imports this module at its own end: either module may be
+# imported first.
+from .numpy import _as_float  # noqa: E402

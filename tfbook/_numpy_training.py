@@ -22,14 +22,6 @@ from . import _validate as _v
 __all__ = ["log_softmax", "cross_entropy", "cross_entropy_grad"]
 
 
-def _as_float(x, name: str) -> np.ndarray:
-    x = np.asarray(x)
-    if x.dtype.kind in "biu":
-        x = x.astype(np.float64)
-    _v.check_floating(name, x)
-    return x
-
-
 def log_softmax(x, axis=-1):
     """``log(softmax(x))`` along ``axis``, computed as ``x - max - log(sum(exp(x - max)))``.
 
@@ -105,3 +97,9 @@ def cross_entropy_grad(logits, targets, ignore_index=-100):
     G = P - (safe[..., None] == np.arange(logits.shape[-1]))
     n = max(int(counted.sum()), 1)
     return (G * (counted[..., None] / n)).astype(logits.dtype, copy=False)
+
+
+# tfbook.numpy's input conversion (integer and boolean input becomes float64), imported
+# last because tfbook.numpy imports this module at its own end: either module may be
+# imported first.
+from .numpy import _as_float  # noqa: E402

@@ -152,13 +152,18 @@ def _check_specials(special_tokens) -> list[str]:
     return list(special_tokens)
 
 
+def _as_int(value, must: str) -> int:
+    """``value`` as an int (anything with ``__index__``, not a bool); else ``ValueError(must, got value)``."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise ValueError(f"{must}, got {value!r}")
+
+
 def _check_count(name: str, value, minimum: int = 0) -> int:
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        value = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+    value = _as_int(value, f"{name} must be an integer")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return value
@@ -389,12 +394,7 @@ class ByteBPETokenizer:
             raise ValueError(f"ids must be a sequence of integers, got {type(ids).__name__}")
         n, parts = len(self.vocab), []
         for i in ids:
-            try:
-                if isinstance(i, bool):
-                    raise TypeError
-                i = operator.index(i)
-            except TypeError:
-                raise ValueError(f"ids must be integers, got {i!r}") from None
+            i = _as_int(i, "ids must be integers")
             if 0 <= i < n:
                 parts.append(self.vocab[i])
             elif i in self._special_of:

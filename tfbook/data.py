@@ -26,6 +26,7 @@ from typing import Iterable, NamedTuple, Sequence
 import numpy as np
 
 from .bpe import ByteBPETokenizer
+from .bpe import _merge  # replaces each (a, b) by new_id, left to right, as both trainers need
 
 __all__ = [
     "CharTokenizer",
@@ -130,21 +131,6 @@ def _chunks(text: str) -> list[str]:
     return _CHUNK.findall(text)
 
 
-def _merge_pair(symbols: list[int], pair: tuple[int, int], new_id: int) -> list[int]:
-    """Replace every non-overlapping occurrence of ``pair`` (left to right) by ``new_id``."""
-    out: list[int] = []
-    i = 0
-    n = len(symbols)
-    while i < n:
-        if i + 1 < n and symbols[i] == pair[0] and symbols[i + 1] == pair[1]:
-            out.append(new_id)
-            i += 2
-        else:
-            out.append(symbols[i])
-            i += 1
-    return out
-
-
 class BPETokenizer:
     """Byte-pair encoding over characters.
 
@@ -214,7 +200,7 @@ class BPETokenizer:
                 key=lambda p: (tok.vocab[p[0]] + tok.vocab[p[1]], p),
             )
             new_id = tok._add_merge(tok.vocab[pair[0]], tok.vocab[pair[1]])
-            seqs = [_merge_pair(s, pair, new_id) if len(s) > 1 else s for s in seqs]
+            seqs = [_merge(s, *pair, new_id) if len(s) > 1 else s for s in seqs]
         return tok
 
     @property
@@ -233,7 +219,7 @@ class BPETokenizer:
                 break
             new_id = min(candidates)
             left, right = self.merges[new_id - len(self.alphabet)]
-            symbols = _merge_pair(symbols, (self.stoi[left], self.stoi[right]), new_id)
+            symbols = _merge(symbols, self.stoi[left], self.stoi[right], new_id)
         return symbols
 
     def encode(self, text: str) -> list[int]:

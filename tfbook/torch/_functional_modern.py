@@ -15,6 +15,9 @@ import torch.nn.functional as F
 
 from .. import _validate as _v
 from .._numpy_modern import _ROPE_LAYOUTS, _check_gqa_heads, _head_mask
+# tfbook.torch imports functional first, so its input checks are defined by the time
+# functional imports this module at its end.
+from .functional import _float, _tensor
 
 __all__ = [
     "rms_norm",
@@ -26,18 +29,6 @@ __all__ = [
     "rope_attention",
     "grouped_query_attention",
 ]
-
-
-def _tensor(x, name: str) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    return x
-
-
-def _float(x, name: str) -> torch.Tensor:
-    x = _tensor(x, name)
-    _v.check_floating(name, x)
-    return x
 
 
 # ---------------------------------------------------------------------------

@@ -9,15 +9,11 @@ from __future__ import annotations
 import torch
 
 from .. import _validate as _v
+# tfbook.torch imports functional first, so its input checks are defined by the time
+# functional imports this module at its end.
+from .functional import _float
 
 __all__ = ["log_softmax", "cross_entropy", "cross_entropy_grad"]
-
-
-def _float(x, name: str) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    _v.check_floating(name, x)
-    return x
 
 
 def log_softmax(x, axis=-1):

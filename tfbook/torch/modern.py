@@ -29,7 +29,7 @@ from torch.nn import functional as TNF
 from .. import _validate as V
 from . import _functional_modern as FM
 from . import functional as F
-from .models import DecoderLM, _check_ids
+from .models import DecoderLM
 from .modules import KVCache
 
 __all__ = [
@@ -284,8 +284,8 @@ class LlamaLM(nn.Module):
 
     Token embedding (no position table), ``num_layers`` :class:`LlamaBlock` s with a causal
     mask, a final :class:`RMSNorm` and the (tied) output head. ``forward(idx (B, T))``
-    returns logits ``(B, T, vocab_size)``; :meth:`forward_cached` and :meth:`generate` work
-    as in ``DecoderLM`` (``generate`` is the same method).
+    returns logits ``(B, T, vocab_size)``; :meth:`forward`, :meth:`forward_cached` and
+    :meth:`generate` are ``DecoderLM``'s own methods.
     """
 
     def __init__(self, config: LlamaLMConfig):
@@ -303,44 +303,15 @@ class LlamaLM(nn.Module):
         else:
             self.W_U = nn.Parameter(0.02 * torch.randn(D, c.vocab_size))  # (D, V)
 
-    def _unembed(self, X: torch.Tensor) -> torch.Tensor:
-        W_U = self.W_E.T if self.W_U is None else self.W_U  # (D, V)
-        return self.norm(X) @ W_U  # (B, T, V)
+    def _embed(self, idx: torch.Tensor, offset: int) -> torch.Tensor:
+        return F.embedding_lookup(idx, self.W_E)  # (B, T, D); positions enter in attention (rope)
 
-    def forward(self, idx: torch.Tensor, return_attention: bool = False):
-        """``idx (B, T)``, ``T <= block_size`` -> logits ``(B, T, vocab_size)`` (and ``P`` per layer)."""
-        c = self.config
-        _check_ids("idx", idx, c.vocab_size)
-        T = idx.shape[1]
-        if T > c.block_size:
-            raise ValueError(f"idx has T={T} > block_size={c.block_size} (idx: {tuple(idx.shape)})")
-        X = F.embedding_lookup(idx, self.W_E)  # (B, T, D); positions enter in attention
-        mask = F.causal_mask(T, device=idx.device)
-        attn = []
-        for block in self.blocks:
-            if return_attention:
-                X, P = block(X, mask=mask, return_attention=True)
-                attn.append(P)  # (B, H, T, T)
-            else:
-                X = block(X, mask=mask)
-        logits = self._unembed(X)
-        return (logits, attn) if return_attention else logits
-
-    def forward_cached(self, idx_new: torch.Tensor, caches: list[KVCache]) -> torch.Tensor:
-        """Logits for ``idx_new (B, T_new)`` following the tokens already in ``caches`` (one per block)."""
-        c = self.config
-        _check_ids("idx_new", idx_new, c.vocab_size)
-        if len(caches) != len(self.blocks):
-            raise ValueError(f"need one KVCache per block: {len(caches)} given, {len(self.blocks)} blocks")
-        T_past, T_new = len(caches[0]), idx_new.shape[1]
-        if T_past + T_new > c.block_size:
-            raise ValueError(f"cache holds {T_past} tokens; {T_new} more exceed block_size={c.block_size}")
-        X = F.embedding_lookup(idx_new, self.W_E)
-        mask = torch.ones(T_new, T_past + T_new, dtype=torch.bool, device=idx_new.device).tril(diagonal=T_past)
-        for block, cache in zip(self.blocks, caches):
-            X = block(X, mask=mask, kv_cache=cache)
-        return self._unembed(X)
-
+    # DecoderLM's methods serve as they are: they reach the model only through _embed, the
+    # blocks (LlamaBlock takes the same mask, kv_cache and return_attention arguments and
+    # uses the fused kernel when no P is asked for), self.norm and the output head.
+    _unembed = DecoderLM._unembed
+    forward = DecoderLM.forward
+    forward_cached = DecoderLM.forward_cached
     generate = DecoderLM.generate  # the same sampling loop: it only calls forward and forward_cached
 
     def kv_cache_bytes_per_token(self, dtype=torch.float32) -> int:
