@@ -133,15 +133,12 @@ def _check_rope_input(X, name="X"):
 
 
 def _angles(T, D, positions, base, X_shape, name="positions"):
-    """``positions[..., t] * omega_i``: ``(..., T, D/2)`` (positions default to ``0..T-1``)."""
-    if positions is None:
-        positions = np.arange(T, dtype=np.float64)
-    positions = np.asarray(positions, dtype=np.float64)
-    if positions.ndim == 0 or positions.shape[-1] != T:
-        raise ValueError(f"{name} must have shape (..., T) with T={T}, got {positions.shape} (X: {tuple(X_shape)})")
-    _v.broadcast_batch({"X": tuple(X_shape[:-2]), name: positions.shape[:-1]})
-    omega = base ** (-np.arange(0, D, 2, dtype=np.float64) / D)  # (D/2,)
-    return positions[..., None] * omega
+    """``positions[..., t] * omega_i``: ``(..., T, D/2)`` (positions default to ``0..T-1``).
+
+    The angles of :func:`tfbook.numpy.rope`, checks and messages included: its helper reads
+    only the shape of ``X``, so a zero-copy stand-in of shape ``X_shape`` serves.
+    """
+    return _rope_angles(np.broadcast_to(np.float64(0), X_shape), positions, base, name)
 
 
 def rope_rotate_half(X, positions=None, base=10000.0):
@@ -384,7 +381,7 @@ def grouped_query_attention(X_q, X_kv, params, num_heads, num_kv_heads, mask=Non
     return lin(merge_heads(Z), "O"), P
 
 
-# tfbook.numpy's input conversion (integer and boolean input becomes float64), imported
-# last because tfbook.numpy imports this module at its own end: either module may be
-# imported first.
-from .numpy import _as_float  # noqa: E402
+# tfbook.numpy's input conversion (integer and boolean input becomes float64) and rope
+# angles, imported last because tfbook.numpy imports this module at its own end: either
+# module may be imported first.
+from .numpy import _as_float, _rope_angles  # noqa: E402

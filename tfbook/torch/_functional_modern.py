@@ -17,7 +17,7 @@ from .. import _validate as _v
 from .._numpy_modern import _ROPE_LAYOUTS, _check_gqa_heads, _head_mask
 # tfbook.torch imports functional first, so its input checks are defined by the time
 # functional imports this module at its end.
-from .functional import _float, _tensor
+from .functional import _float, _frequencies, _tensor
 
 __all__ = [
     "rms_norm",
@@ -95,8 +95,7 @@ def _angles(T, D, positions, base, X):
         raise ValueError(f"positions must have shape (..., T) with T={T}, got {tuple(positions.shape)} "
                          f"(X: {tuple(X.shape)})")
     _v.broadcast_batch({"X": tuple(X.shape[:-2]), "positions": tuple(positions.shape[:-1])})
-    omega = base ** (-torch.arange(0, D, 2, dtype=torch.float64, device=X.device) / D)  # (D/2,)
-    return positions.to(torch.float64)[..., None] * omega  # (..., T, D/2)
+    return positions.to(torch.float64)[..., None] * _frequencies(D, base, X.device)  # (..., T, D/2)
 
 
 def rope_rotate_half(X, positions=None, base=10000.0):
