@@ -1,28 +1,18 @@
-"""Exercises of chapters 6 to 9 teach through their visible tests: for every implement-it
-exercise, each likely mistake that the visible test cell names is written here as a
-deliberately wrong answer, and the released (visible) part of the test cell, run on the
-master notebook's own namespace, must fail with that mistake's name; the chapter's own
-solution must pass it.
+"""Exercises of chapters 6 to 9 teach through their visible tests.
 
-The namespaces come from the grader's judge (:class:`tfbook.course_judge.Judge`), which runs
-each master notebook once and keeps a snapshot of the namespace before every test cell; the
-visible part of a test cell is the released one (:func:`course_judge.released_test_source`).
-Slow-ish: each of the four notebooks runs once, in this process."""
+The contract and the generic tests are those of tests/exercise_harness.py: each likely mistake
+that the visible test cell names is written here as a deliberately wrong answer and must fail
+the released (visible) part of the test cell with that mistake's name on its first ``✘`` line;
+the chapter's own solution must pass the whole cell, hidden part included; every implement-it
+exercise names at least two mistakes; every exercise binds its own answer names.
+
+The test cells run in the master notebook's own namespace: the grader's judge
+(:class:`tfbook.course_judge.Judge`) runs each master notebook once and keeps a snapshot of the
+namespace before every test cell. Slow-ish: each of the four notebooks runs once, in this process."""
 
 from __future__ import annotations
 
-import contextlib
-import io
-import os
-import textwrap
-from pathlib import Path
-
-import pytest
-
-from tfbook import course_judge
-
-ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = ROOT / "notebooks"
+from exercise_harness import exercise_tests
 
 # {notebook: {test grade_id: [(mutant id, wrong answer source, words the ✘ line must contain)]}}
 MUTANTS: dict[str, dict[str, list[tuple[str, str, str]]]] = {}
@@ -298,71 +288,4 @@ MUTANTS["09_encoder"] = {
 }
 
 
-_JUDGES: dict[str, course_judge.Judge] = {}
-
-
-def _judge(notebook: str) -> course_judge.Judge:
-    """The master notebook run once by the grader's judge (snapshots before each test cell)."""
-    if notebook not in _JUDGES:
-        from IPython.core.interactiveshell import InteractiveShell
-
-        InteractiveShell.instance().reset(new_session=False)   # no names left from another notebook
-        import torch
-
-        torch.set_grad_enabled(True)   # process-wide state that a notebook before may have switched off
-        torch.set_default_dtype(torch.float32)
-        judge = course_judge.Judge(NOTEBOOKS / f"{notebook}.ipynb")
-        cwd = os.getcwd()
-        os.chdir(NOTEBOOKS)   # the notebooks run from their folder
-        try:
-            judge.prepare()
-        finally:
-            os.chdir(cwd)
-        assert judge.broken == {}, judge.broken
-        _JUDGES[notebook] = judge
-    return _JUDGES[notebook]
-
-
-def run_visible(notebook: str, gid: str, answer: str) -> tuple[bool, str]:
-    """Run the released part of test cell ``gid`` with ``answer`` (source of an answer cell) in
-    the namespace the notebook had before that cell; (passed, printed lines and error)."""
-    import torch
-
-    judge = _judge(notebook)
-    torch.set_grad_enabled(True)   # whatever the notebook prepared last left behind (8.2 needs autograd)
-    test = judge.plan.test(gid)
-    ns = dict(judge.snapshots[gid])
-    exec(compile(textwrap.dedent(answer), f"<answer for {gid}>", "exec"), ns)  # noqa: S102
-    sink = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-            import numpy as np
-
-            with np.errstate(all="ignore"):
-                exec(compile(test.visible, f"<{gid} visible>", "exec"), ns)  # noqa: S102
-    except AssertionError as exc:
-        return False, sink.getvalue() + f"\n{type(exc).__name__}: {exc}"
-    return True, sink.getvalue()
-
-
-CASES = [(nb, gid, mid, src, words) for nb, per in MUTANTS.items() for gid, ms in per.items()
-         for mid, src, words in ms]
-
-
-@pytest.mark.parametrize("notebook,gid", [(nb, gid) for nb, per in MUTANTS.items() for gid in per])
-def test_the_solution_passes_and_at_least_two_mistakes_are_named(notebook, gid):
-    judge = _judge(notebook)
-    answer = judge.plan.answers[judge.plan.test(gid).answer]
-    ok, out = run_visible(notebook, gid, answer)
-    assert ok, out
-    assert "✘" not in out
-    assert len(MUTANTS[notebook][gid]) >= 2
-
-
-@pytest.mark.parametrize("notebook,gid,mutant,source,words", CASES,
-                         ids=[f"{gid}:{mid}" for _, gid, mid, _, _ in CASES])
-def test_a_named_mistake_fails_the_visible_test_with_its_name(notebook, gid, mutant, source, words):
-    ok, out = run_visible(notebook, gid, source)
-    assert not ok, f"{mutant}: the visible test passed"
-    first = next((line for line in out.splitlines() if line.startswith("✘")), "")
-    assert words in first, f"{mutant}: expected a ✘ line naming {words!r}, got:\n{out}"
+globals().update(exercise_tests(MUTANTS, via="judge"))

@@ -1,17 +1,15 @@
 """Chapter 14's exercises teach through their visible tests: each likely mistake that a visible
 test names is written here as a deliberately wrong answer and must fail that test with its
-name; the chapter's own solution must pass. (The machinery is that of
-tests/test_exercises_ch06_09.py: the grader's judge runs the master notebook once.)"""
+name; the chapter's own solution must pass the whole test cell. (The contract and the generic
+tests are those of tests/exercise_harness.py; the grader's judge runs the master notebook once.)"""
 
 from __future__ import annotations
 
-import pytest
-
-from test_exercises_ch06_09 import _judge, run_visible
+from exercise_harness import exercise_tests
 
 NB = "14_modern_decoder"
 
-MUTANTS = {
+MUTANTS = {NB: {
     "ex14-1-rotate-half-tests": [
         ("in place", """
             def to_rotate_half(W, num_heads):
@@ -88,23 +86,7 @@ MUTANTS = {
                 return {"W_Q": params["W_Q"], "W_K": pool(params["W_K"]), "W_V": pool(params["W_V"]), "W_O": params["W_O"]}
             """, "first head of each group"),
     ],
-}
-CASES = [(gid, mid, src, words) for gid, ms in MUTANTS.items() for mid, src, words in ms]
+}}
 
 
-@pytest.mark.parametrize("gid", list(MUTANTS))
-def test_the_solution_passes_and_at_least_two_mistakes_are_named(gid):
-    judge = _judge(NB)
-    answer = judge.plan.answers[judge.plan.test(gid).answer]
-    ok, out = run_visible(NB, gid, answer)
-    assert ok, out
-    assert "✘" not in out
-    assert len(MUTANTS[gid]) >= 2
-
-
-@pytest.mark.parametrize("gid,mutant,source,words", CASES, ids=[f"{g}:{m}" for g, m, _, _ in CASES])
-def test_a_named_mistake_fails_the_visible_test_with_its_name(gid, mutant, source, words):
-    ok, out = run_visible(NB, gid, source)
-    assert not ok, f"{mutant}: the visible test passed"
-    first = next((line for line in out.splitlines() if line.startswith("✘")), "")
-    assert words in first, f"{mutant}: expected a ✘ line naming {words!r}, got:\n{out}"
+globals().update(exercise_tests(MUTANTS, via="judge"))

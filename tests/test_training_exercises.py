@@ -8,9 +8,7 @@ named mistake (it must raise). The wrong answers are written here, one function 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-import nbformat
 import numpy as np
 import pytest
 import torch
@@ -18,21 +16,21 @@ import torch.nn.functional as F
 from torch import nn
 
 import tfbook.numpy as tnp
+from exercise_harness import (NOTEBOOKS, check_implement_it_exercises_name_two_mistakes,
+                              check_solution_passes_whole_cell, exercise_tests, grade_cells, plan)
 from tfbook.checks import check_close, check_finite, check_shape
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "10_training_from_scratch.ipynb"
+CHAPTER = "10_training_from_scratch"
 
-pytestmark = pytest.mark.skipif(not NOTEBOOK.exists(), reason="chapter 10 not written yet")
+pytestmark = pytest.mark.skipif(not (NOTEBOOKS / f"{CHAPTER}.ipynb").exists(), reason="chapter 10 not written yet")
 
 
 def _cells():
-    nb = nbformat.read(str(NOTEBOOK), as_version=4)
-    return {c.metadata["nbgrader"]["grade_id"]: c.source for c in nb.cells
-            if c.cell_type == "code" and "nbgrader" in c.metadata and "grade_id" in c.metadata["nbgrader"]}
+    return grade_cells(CHAPTER)
 
 
 def _visible(grade_id: str) -> str:
-    return _cells()[grade_id].split("### BEGIN HIDDEN TESTS")[0]
+    return plan(CHAPTER).test(grade_id).visible
 
 
 def _namespace(**extra):
@@ -40,11 +38,8 @@ def _namespace(**extra):
                 check_finite=check_finite, **extra)
 
 
-def _solution(grade_id: str, name: str):
-    src = _cells()[grade_id].replace("### BEGIN SOLUTION", "").replace("### END SOLUTION", "")
-    ns = _namespace()
-    exec(src, ns)
-    return ns[name]
+# each exercise has its own answer names; every hidden case is described; exercise headings say 10.k
+globals().update(exercise_tests({}, [CHAPTER], checks=("names", "hidden", "headings")))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -116,8 +111,7 @@ def _large_only(full):
 
 
 def test_ex10_1_solution_passes_visible_and_hidden():
-    fn = _solution("ex10-1-cross-entropy-gradient", "cross_entropy_gradient")
-    exec(_cells()["ex10-1-cross-entropy-gradient-tests"], _namespace(cross_entropy_gradient=fn))
+    check_solution_passes_whole_cell(CHAPTER, "ex10-1-cross-entropy-gradient-tests")
 
 
 @pytest.mark.parametrize("wrong,phrase,which", CE_MISTAKES, ids=[m[0].__name__ for m in CE_MISTAKES])
@@ -206,8 +200,12 @@ ADAMW_MISTAKES = [
 
 
 def test_ex10_2_solution_passes_visible_and_hidden():
-    fn = _solution("ex10-2-adamw-update", "adamw_update")
-    exec(_cells()["ex10-2-adamw-update-tests"], _namespace(adamw_update=fn))
+    check_solution_passes_whole_cell(CHAPTER, "ex10-2-adamw-update-tests")
+
+
+def test_every_implement_it_exercise_names_two_mistakes():
+    check_implement_it_exercises_name_two_mistakes(CHAPTER, {"ex10-1-cross-entropy-gradient-tests": CE_MISTAKES,
+                                                             "ex10-2-adamw-update-tests": ADAMW_MISTAKES})
 
 
 @pytest.mark.parametrize("wrong,phrase", ADAMW_MISTAKES, ids=[m[0].__name__ for m in ADAMW_MISTAKES])
