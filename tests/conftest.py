@@ -9,6 +9,7 @@ MPS when present (otherwise the test is reported as skipped with the reason).
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -26,14 +27,20 @@ DEVICES = [
 
 @pytest.fixture(autouse=True)
 def _restore_environment():
-    """Undo what a test leaves in os.environ: the notebooks that nbval starts later in the same
-    worker inherit it (the grader's judge sets MPLBACKEND=Agg, and a kernel started with it shows
-    no figure output, so every figure cell of a later notebook would differ)."""
-    saved = dict(os.environ)
+    """Undo what a test leaves in os.environ and in sys.modules["__main__"].
+
+    The notebooks that nbval starts later in the same worker inherit os.environ (the grader's
+    judge sets MPLBACKEND=Agg, and a kernel started with it shows no figure output, so every
+    figure cell of a later notebook would differ). The judge's IPython shell replaces
+    ``__main__`` with a module that has no ``__spec__``, which multiprocessing's spawn start
+    method (chapter 18's workers) then fails on."""
+    saved, main = dict(os.environ), sys.modules.get("__main__")
     yield
     if os.environ != saved:
         os.environ.clear()
         os.environ.update(saved)
+    if main is not None and sys.modules.get("__main__") is not main:
+        sys.modules["__main__"] = main
 
 
 @pytest.fixture(params=DEVICES)
