@@ -53,6 +53,15 @@ def code(source: str) -> str:
     return textwrap.dedent(source).strip() + "\n"
 
 
+def variant(template: str, defaults: dict[str, str], **change: str) -> str:
+    """A wrong answer: ``template`` with each upper-case placeholder of ``defaults`` replaced by
+    its value there, or in ``change`` (where the mistake is)."""
+    src = template
+    for key, value in {**defaults, **change}.items():
+        src = src.replace(key, value)
+    return code(src)
+
+
 @functools.lru_cache(maxsize=None)
 def master(chapter: str):
     return nbformat.read(str(NOTEBOOKS / f"{chapter}.ipynb"), as_version=4)

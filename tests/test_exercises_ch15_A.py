@@ -13,9 +13,27 @@ copied from the chapter's own cells (no other cell of the chapter runs)."""
 
 from __future__ import annotations
 
-from exercise_harness import code, exercise_tests
+from exercise_harness import code, exercise_tests, variant
 
 CHAPTERS = ("15_vision_transformer", "16_cost", "17_efficient_attention", "18_parallel_training", "A_history")
+
+
+_ROLLOUT = """
+def my_rollout(attentions, residual=True):
+    R = None
+    for P in attentions:
+        A = HEADS
+        if IF:
+            A = RESIDUAL
+        R = A if R is None else PRODUCT
+    return R
+"""
+
+
+def _rollout(**change):
+    """Exercise 15.2's answer, with the mistake put in by replacing one of its upper-case parts."""
+    return variant(_ROLLOUT, dict(HEADS="P.mean(axis=-3)", IF="residual", RESIDUAL="(A + np.eye(A.shape[-1])) / 2",
+                                  PRODUCT="A @ R"), **change)
 
 
 # {chapter: {test grade_id: {mistake: (wrong answer, words its visible failure must contain)}}}
@@ -40,65 +58,13 @@ MISTAKES["15_vision_transformer"] = {
         """), "the bias is missing"),
     },
     "ex15-2-rollout-tests": {
-        "layers in the wrong order": (code("""
-            def my_rollout(attentions, residual=True):
-                R = None
-                for P in attentions:
-                    A = P.mean(axis=-3)
-                    if residual:
-                        A = (A + np.eye(A.shape[-1])) / 2
-                    R = A if R is None else R @ A
-                return R
-        """), "the layers are multiplied in the wrong order"),
-        "rows not renormalised": (code("""
-            def my_rollout(attentions, residual=True):
-                R = None
-                for P in attentions:
-                    A = P.mean(axis=-3)
-                    if residual:
-                        A = A + np.eye(A.shape[-1])
-                    R = A if R is None else A @ R
-                return R
-        """), "the rows were not renormalised"),
-        "heads summed": (code("""
-            def my_rollout(attentions, residual=True):
-                R = None
-                for P in attentions:
-                    A = P.sum(axis=-3)
-                    if residual:
-                        A = A + np.eye(A.shape[-1])
-                        A = A / A.sum(axis=-1, keepdims=True)
-                    R = A if R is None else A @ R
-                return R
-        """), "the heads were summed"),
-        "residual flag ignored": (code("""
-            def my_rollout(attentions, residual=True):
-                R = None
-                for P in attentions:
-                    A = (P.mean(axis=-3) + np.eye(P.shape[-1])) / 2
-                    R = A if R is None else A @ R
-                return R
-        """), "residual=False was ignored"),
-        "head axis hard-coded as axis 1": (code("""
-            def my_rollout(attentions, residual=True):
-                R = None
-                for P in attentions:
-                    A = P.mean(axis=1)
-                    if residual:
-                        A = (A + np.eye(A.shape[-1])) / 2
-                    R = A if R is None else A @ R
-                return R
-        """), "the heads sit on axis -3 (not axis 1)"),
-        "np.dot for the product": (code("""
-            def my_rollout(attentions, residual=True):
-                R = None
-                for P in attentions:
-                    A = P.mean(axis=-3)
-                    if residual:
-                        A = (A + np.eye(A.shape[-1])) / 2
-                    R = A if R is None else np.dot(A, R)
-                return R
-        """), "np.dot does not"),
+        "layers in the wrong order": (_rollout(PRODUCT="R @ A"), "the layers are multiplied in the wrong order"),
+        "rows not renormalised": (_rollout(RESIDUAL="A + np.eye(A.shape[-1])"), "the rows were not renormalised"),
+        "heads summed": (_rollout(HEADS="P.sum(axis=-3)", RESIDUAL="(A + np.eye(A.shape[-1])) / "
+                                  "(A + np.eye(A.shape[-1])).sum(axis=-1, keepdims=True)"), "the heads were summed"),
+        "residual flag ignored": (_rollout(IF="True"), "residual=False was ignored"),
+        "head axis hard-coded as axis 1": (_rollout(HEADS="P.mean(axis=1)"), "the heads sit on axis -3 (not axis 1)"),
+        "np.dot for the product": (_rollout(PRODUCT="np.dot(A, R)"), "np.dot does not"),
     },
 }
 
@@ -168,11 +134,8 @@ def attention_by_blocks(Q, K, V, block_size):
 
 
 def _blocks(**change):
-    src = _BLOCKS
-    for k, v in {"SCALE": "math.sqrt(D_K)", "STOP": "K.shape[0]", "ALPHA": "np.exp(m - m_new)",
-                 "SHIFT": "m_new", **change}.items():
-        src = src.replace(k, v)
-    return code(src)
+    return variant(_BLOCKS, dict(SCALE="math.sqrt(D_K)", STOP="K.shape[0]", ALPHA="np.exp(m - m_new)",
+                                 SHIFT="m_new"), **change)
 
 
 MISTAKES["17_efficient_attention"] = {
