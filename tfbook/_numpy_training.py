@@ -30,10 +30,7 @@ def log_softmax(x, axis=-1):
     finite logits, including +-1e4. Same shape and dtype as ``x``.
     """
     x = _as_float(x, "x")
-    if x.ndim == 0:
-        raise ValueError(f"x must have at least 1 axis, got shape {x.shape}")
-    if not -x.ndim <= axis < x.ndim:
-        raise ValueError(f"axis={axis} is out of range for x of shape {x.shape}")
+    _v.check_axis("x", x, axis)
     m = np.max(x, axis=axis, keepdims=True)
     y = x - m
     return (y - np.log(np.sum(np.exp(y), axis=axis, keepdims=True))).astype(x.dtype, copy=False)

@@ -13,6 +13,7 @@ __all__ = [
     "shape_of",
     "broadcast_batch",
     "check_ndim",
+    "check_axis",
     "check_last_dim",
     "check_floating",
     "check_qkv",
@@ -76,6 +77,14 @@ def check_ndim(name: str, x, min_ndim: int, max_ndim: int | None = None, what: s
             want = f"{min_ndim} to {max_ndim} axes"
         hint = f" {what}" if what else ""
         raise ValueError(f"{name} must have {want}{hint}, got shape {shape_of(x)}")
+
+
+def check_axis(name: str, x, axis: int) -> None:
+    """``x`` has at least one axis and ``axis`` names one of them (negative counts from the end)."""
+    if x.ndim == 0:
+        raise ValueError(f"{name} must have at least 1 axis, got shape {shape_of(x)}")
+    if not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"axis={axis} is out of range for {name} of shape {shape_of(x)}")
 
 
 def check_last_dim(name: str, x, size: int, label: str, other: str = "", other_shape=None) -> None:

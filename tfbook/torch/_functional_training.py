@@ -19,10 +19,7 @@ __all__ = ["log_softmax", "cross_entropy", "cross_entropy_grad"]
 def log_softmax(x, axis=-1):
     """``log(softmax(x))`` along ``axis``: ``x - max - log(sum(exp(x - max)))``; see the NumPy twin."""
     x = _float(x, "x")
-    if x.ndim == 0:
-        raise ValueError(f"x must have at least 1 axis, got shape {tuple(x.shape)}")
-    if not -x.ndim <= axis < x.ndim:
-        raise ValueError(f"axis={axis} is out of range for x of shape {tuple(x.shape)}")
+    _v.check_axis("x", x, axis)
     y = x - x.amax(dim=axis, keepdim=True).detach()  # the shift does not change the value
     return y - torch.log(torch.exp(y).sum(dim=axis, keepdim=True))
 
