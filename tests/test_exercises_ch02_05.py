@@ -11,9 +11,49 @@ tests/test_exercises_pipeline.py and tests/test_grader_chapters.py.
 
 from __future__ import annotations
 
-from exercise_harness import code, exercise_tests
+from exercise_harness import code, exercise_tests, variant
 
 CHAPTERS = ("02_attention_as_averaging", "03_why_scale", "04_self_attention", "05_multi_head_attention")
+
+
+_SELF_ATTENTION = """
+def self_attention(X, W_Q, W_K, W_V, mask=None):
+    Q, K, V = PROJECT
+    S = Q @ np.swapaxes(K, -1, -2)SCALING
+    S = BEFORE
+    E = np.exp(S - S.max(axis=-1, keepdims=True))
+    P = E / E.sum(axis=-1, keepdims=True)
+    P = AFTER
+    return P @ V, P
+"""
+
+
+def _self_attention(**change):
+    """Exercise 4.1's answer, with the mistake put in by replacing one of its upper-case parts."""
+    return variant(_SELF_ATTENTION, dict(PROJECT="X @ W_Q, X @ W_K, X @ W_V", SCALING=" / math.sqrt(Q.shape[-1])",
+                                         BEFORE="S if mask is None else np.where(mask, S, -np.inf)", AFTER="P"),
+                   **change)
+
+
+_MULTI_HEAD = """
+def multi_head_loop(X, params, num_heads):
+    D_h = X.shape[-1] // num_heads
+    Zs, Ps = [], []
+    for h in range(num_heads):
+        c = slice(h * D_h, (h + 1) * D_h)
+        Q, K, V = (X @ params[f"W_{k}"][:, c] + QKVB for k in "QKV")
+        Z_h, P_h = tnp.scaled_dot_product_attention(Q, K, VSCALE_ARG)
+        Zs.append(Z_h)
+        Ps.append(P_h)
+    return np.concatenate(Zs, axis=-1) @ params["W_O"]B_OUT, np.stack(PsHEAD_AXIS)
+"""
+
+
+def _multi_head(**change):
+    """Exercise 5.1's answer, with the mistake put in by replacing one of its upper-case parts."""
+    return variant(_MULTI_HEAD, dict(QKVB='(0.0 if params.get(f"b_{k}") is None else params[f"b_{k}"][c])',
+                                     SCALE_ARG="", B_OUT=' + (0.0 if params.get("b_O") is None else params["b_O"])',
+                                     HEAD_AXIS=", axis=-3"), **change)
 
 
 # {chapter: {test grade_id: {mistake: (wrong answer, words its visible failure must contain)}}}
@@ -104,46 +144,13 @@ MISTAKES: dict[str, dict[str, dict[str, tuple[str, str]]]] = {
     },
     "04_self_attention": {
         "ex4-1-self-attention-tests": {
-            "scores not scaled": (code("""
-                def self_attention(X, W_Q, W_K, W_V, mask=None):
-                    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
-                    S = Q @ np.swapaxes(K, -1, -2)
-                    if mask is not None:
-                        S = np.where(mask, S, -np.inf)
-                    E = np.exp(S - S.max(axis=-1, keepdims=True))
-                    P = E / E.sum(axis=-1, keepdims=True)
-                    return P @ V, P
-            """), "without the 1/sqrt(D_K) factor"),
-            "weights transposed": (code("""
-                def self_attention(X, W_Q, W_K, W_V, mask=None):
-                    Q, K, V = X @ W_Q.T, X @ W_K.T, X @ W_V.T
-                    S = Q @ np.swapaxes(K, -1, -2) / math.sqrt(Q.shape[-1])
-                    if mask is not None:
-                        S = np.where(mask, S, -np.inf)
-                    E = np.exp(S - S.max(axis=-1, keepdims=True))
-                    P = E / E.sum(axis=-1, keepdims=True)
-                    return P @ V, P
-            """), "the weights are transposed"),
-            "mask after the softmax": (code("""
-                def self_attention(X, W_Q, W_K, W_V, mask=None):
-                    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
-                    S = Q @ np.swapaxes(K, -1, -2) / math.sqrt(Q.shape[-1])
-                    E = np.exp(S - S.max(axis=-1, keepdims=True))
-                    P = E / E.sum(axis=-1, keepdims=True)
-                    if mask is not None:
-                        P = P * mask
-                    return P @ V, P
-            """), "the mask was applied after the softmax"),
-            "float64 scale promotes float32": (code("""
-                def self_attention(X, W_Q, W_K, W_V, mask=None):
-                    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
-                    S = Q @ np.swapaxes(K, -1, -2) / np.sqrt(Q.shape[-1])
-                    if mask is not None:
-                        S = np.where(mask, S, -np.inf)
-                    E = np.exp(S - S.max(axis=-1, keepdims=True))
-                    P = E / E.sum(axis=-1, keepdims=True)
-                    return P @ V, P
-            """), "promotes the result"),
+            "scores not scaled": (_self_attention(SCALING=""), "without the 1/sqrt(D_K) factor"),
+            "weights transposed": (_self_attention(PROJECT="X @ W_Q.T, X @ W_K.T, X @ W_V.T"),
+                                   "the weights are transposed"),
+            "mask after the softmax": (_self_attention(BEFORE="S", AFTER="P if mask is None else P * mask"),
+                                       "the mask was applied after the softmax"),
+            "float64 scale promotes float32": (_self_attention(SCALING=" / np.sqrt(Q.shape[-1])"),
+                                               "promotes the result"),
         },
         "ex4-3-book-weights-tests": {
             "no transpose": (code("""
@@ -163,59 +170,12 @@ MISTAKES: dict[str, dict[str, dict[str, tuple[str, str]]]] = {
     },
     "05_multi_head_attention": {
         "ex5-1-multi-head-loop-tests": {
-            "heads stacked first": (code("""
-                def multi_head_loop(X, params, num_heads):
-                    D_h = X.shape[-1] // num_heads
-                    b = lambda name: 0.0 if params.get(name) is None else params[name]
-                    Zs, Ps = [], []
-                    for h in range(num_heads):
-                        c = slice(h * D_h, (h + 1) * D_h)
-                        Q, K, V = (X @ params[f"W_{k}"][:, c] + (0.0 if params.get(f"b_{k}") is None
-                                   else params[f"b_{k}"][c]) for k in "QKV")
-                        Z_h, P_h = tnp.scaled_dot_product_attention(Q, K, V)
-                        Zs.append(Z_h)
-                        Ps.append(P_h)
-                    return np.concatenate(Zs, axis=-1) @ params["W_O"] + b("b_O"), np.stack(Ps)
-            """), "P has the heads first"),
-            "scaled by sqrt(D)": (code("""
-                def multi_head_loop(X, params, num_heads):
-                    D_h = X.shape[-1] // num_heads
-                    b = lambda name: 0.0 if params.get(name) is None else params[name]
-                    Zs, Ps = [], []
-                    for h in range(num_heads):
-                        c = slice(h * D_h, (h + 1) * D_h)
-                        Q, K, V = (X @ params[f"W_{k}"][:, c] + (0.0 if params.get(f"b_{k}") is None
-                                   else params[f"b_{k}"][c]) for k in "QKV")
-                        Z_h, P_h = tnp.scaled_dot_product_attention(Q, K, V, scale=1 / math.sqrt(X.shape[-1]))
-                        Zs.append(Z_h)
-                        Ps.append(P_h)
-                    return np.concatenate(Zs, axis=-1) @ params["W_O"] + b("b_O"), np.stack(Ps, axis=-3)
-            """), "the scores were divided by sqrt(D)"),
-            "b_O forgotten": (code("""
-                def multi_head_loop(X, params, num_heads):
-                    D_h = X.shape[-1] // num_heads
-                    Zs, Ps = [], []
-                    for h in range(num_heads):
-                        c = slice(h * D_h, (h + 1) * D_h)
-                        Q, K, V = (X @ params[f"W_{k}"][:, c] + (0.0 if params.get(f"b_{k}") is None
-                                   else params[f"b_{k}"][c]) for k in "QKV")
-                        Z_h, P_h = tnp.scaled_dot_product_attention(Q, K, V)
-                        Zs.append(Z_h)
-                        Ps.append(P_h)
-                    return np.concatenate(Zs, axis=-1) @ params["W_O"], np.stack(Ps, axis=-3)
-            """), "b_O is missing"),
-            "biases required": (code("""
-                def multi_head_loop(X, params, num_heads):
-                    D_h = X.shape[-1] // num_heads
-                    Zs, Ps = [], []
-                    for h in range(num_heads):
-                        c = slice(h * D_h, (h + 1) * D_h)
-                        Q, K, V = (X @ params[f"W_{k}"][:, c] + params[f"b_{k}"][c] for k in "QKV")
-                        Z_h, P_h = tnp.scaled_dot_product_attention(Q, K, V)
-                        Zs.append(Z_h)
-                        Ps.append(P_h)
-                    return np.concatenate(Zs, axis=-1) @ params["W_O"] + params["b_O"], np.stack(Ps, axis=-3)
-            """), "read a bias with params.get(name)"),
+            "heads stacked first": (_multi_head(HEAD_AXIS=""), "P has the heads first"),
+            "scaled by sqrt(D)": (_multi_head(SCALE_ARG=", scale=1 / math.sqrt(X.shape[-1])"),
+                                  "the scores were divided by sqrt(D)"),
+            "b_O forgotten": (_multi_head(B_OUT=""), "b_O is missing"),
+            "biases required": (_multi_head(QKVB='params[f"b_{k}"][c]', B_OUT=' + params["b_O"]'),
+                                "read a bias with params.get(name)"),
         },
     },
 }
