@@ -13,7 +13,7 @@ do, are executed with their chapters by nbval.
 
 from __future__ import annotations
 
-from exercise_harness import code, exercise_tests
+from exercise_harness import code, exercise_tests, variant
 
 CHAPTERS = ("00_setup_and_notation", "11_decoders", "12_encoder_decoder", "13_language_model")
 
@@ -30,6 +30,24 @@ def _decoder_block(self="self_mask", kv="memory", cross="cross_mask", activation
             X = norm(X + Z, "norm2")
             return norm(X + tnp.feed_forward(X, params["ffn"], activation="{activation}"), "norm3")
     """)
+
+
+_NEXT_TOKEN_PROBS = """
+def next_token_probs(logits, temperature):
+    logits = np.asarray(logits, dtype=np.float64)
+    if temperature == 0:
+        return GREEDY
+    z = TEMPERED
+    e = np.exp(z - SHIFT)
+    return e / e.sum(axis=-1, keepdims=True)
+"""
+
+
+def _next_token_probs(**change) -> str:
+    """Exercise 11.1's answer, with the mistake put in by replacing one of its upper-case parts."""
+    return variant(_NEXT_TOKEN_PROBS, dict(
+        GREEDY="(np.arange(logits.shape[-1]) == logits.argmax(axis=-1)[..., None]).astype(np.float64)",
+        TEMPERED="logits / temperature", SHIFT="z.max(axis=-1, keepdims=True)"), **change)
 
 
 # {chapter: {test grade_id: {mistake: (wrong answer, words its visible failure must contain)}}}
@@ -79,50 +97,14 @@ MISTAKES: dict[str, dict[str, dict[str, tuple[str, str]]]] = {
     },
     "11_decoders": {
         "ex11-1-next-token-probs-tests": {
-            "multiplied by the temperature": (code("""
-                def next_token_probs(logits, temperature):
-                    logits = np.asarray(logits, dtype=np.float64)
-                    if temperature == 0:
-                        return (np.arange(logits.shape[-1]) == logits.argmax(axis=-1)[..., None]).astype(np.float64)
-                    z = logits * temperature
-                    e = np.exp(z - z.max(axis=-1, keepdims=True))
-                    return e / e.sum(axis=-1, keepdims=True)
-            """), "the logits were multiplied by the temperature"),
-            "greedy returns the index": (code("""
-                def next_token_probs(logits, temperature):
-                    logits = np.asarray(logits, dtype=np.float64)
-                    if temperature == 0:
-                        return logits.argmax(axis=-1)
-                    z = logits / temperature
-                    e = np.exp(z - z.max(axis=-1, keepdims=True))
-                    return e / e.sum(axis=-1, keepdims=True)
-            """), "returned the index of the argmax"),
-            "argmax of the flattened array": (code("""
-                def next_token_probs(logits, temperature):
-                    logits = np.asarray(logits, dtype=np.float64)
-                    if temperature == 0:
-                        return np.eye(logits.shape[-1])[logits.argmax()]
-                    z = logits / temperature
-                    e = np.exp(z - z.max(axis=-1, keepdims=True))
-                    return e / e.sum(axis=-1, keepdims=True)
-            """), "takes the argmax of the flattened array"),
-            "no max subtracted": (code("""
-                def next_token_probs(logits, temperature):
-                    logits = np.asarray(logits, dtype=np.float64)
-                    if temperature == 0:
-                        return (np.arange(logits.shape[-1]) == logits.argmax(axis=-1)[..., None]).astype(np.float64)
-                    e = np.exp(logits / temperature)
-                    return e / e.sum(axis=-1, keepdims=True)
-            """), "exp(1e5) overflows"),
-            "max over the whole array": (code("""
-                def next_token_probs(logits, temperature):
-                    logits = np.asarray(logits, dtype=np.float64)
-                    if temperature == 0:
-                        return (np.arange(logits.shape[-1]) == logits.argmax(axis=-1)[..., None]).astype(np.float64)
-                    z = logits / temperature
-                    e = np.exp(z - z.max())
-                    return e / e.sum(axis=-1, keepdims=True)
-            """), "the max was taken over the whole array"),
+            "multiplied by the temperature": (_next_token_probs(TEMPERED="logits * temperature"),
+                                              "the logits were multiplied by the temperature"),
+            "greedy returns the index": (_next_token_probs(GREEDY="logits.argmax(axis=-1)"),
+                                         "returned the index of the argmax"),
+            "argmax of the flattened array": (_next_token_probs(GREEDY="np.eye(logits.shape[-1])[logits.argmax()]"),
+                                              "takes the argmax of the flattened array"),
+            "no max subtracted": (_next_token_probs(SHIFT="0.0"), "exp(1e5) overflows"),
+            "max over the whole array": (_next_token_probs(SHIFT="z.max()"), "the max was taken over the whole array"),
         },
         "ex11-2-attend-with-cache-tests": {
             "the cache given back unchanged": (code("""
