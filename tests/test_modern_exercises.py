@@ -5,9 +5,22 @@ tests are those of tests/exercise_harness.py; the grader's judge runs the master
 
 from __future__ import annotations
 
-from exercise_harness import exercise_tests
+from exercise_harness import exercise_tests, variant
 
 NB = "14_modern_decoder"
+
+_GQA = """
+def gqa_from_mha(params, num_heads, num_kv_heads):
+    D = params["W_K"].shape[0]
+    D_K, G = D // num_heads, num_heads // num_kv_heads
+    pool = lambda W: POOL.reshape(D, -1)
+    return {"W_Q": QUERY, "W_K": pool(params["W_K"]), "W_V": pool(params["W_V"]), "W_O": params["W_O"]}
+"""
+
+
+def _gqa(**change) -> str:
+    """Exercise 14.3's answer, with the mistake put in by replacing one of its upper-case parts."""
+    return variant(_GQA, dict(POOL="W.reshape(D, num_kv_heads, G, D_K).mean(axis=2)", QUERY='params["W_Q"]'), **change)
 
 MUTANTS = {NB: {
     "ex14-1-rotate-half-tests": [
@@ -56,35 +69,11 @@ MUTANTS = {NB: {
         ("MB", "prediction_cache_mib = 402.65", "MB (10^6 bytes) instead of MiB"),
     ],
     "ex14-3-gqa-from-mha-tests": [
-        ("W_Q pooled", """
-            def gqa_from_mha(params, num_heads, num_kv_heads):
-                D = params["W_K"].shape[0]
-                D_K, G = D // num_heads, num_heads // num_kv_heads
-                pool = lambda W: W.reshape(D, num_kv_heads, G, D_K).mean(axis=2).reshape(D, -1)
-                return {"W_Q": np.repeat(pool(params["W_Q"]).reshape(D, num_kv_heads, D_K), G, axis=1).reshape(D, D),
-                        "W_K": pool(params["W_K"]), "W_V": pool(params["W_V"]), "W_O": params["W_O"]}
-            """, "W_Q or W_O changed"),
-        ("strided", """
-            def gqa_from_mha(params, num_heads, num_kv_heads):
-                D = params["W_K"].shape[0]
-                D_K, G = D // num_heads, num_heads // num_kv_heads
-                pool = lambda W: W.reshape(D, G, num_kv_heads, D_K).mean(axis=1).reshape(D, -1)
-                return {"W_Q": params["W_Q"], "W_K": pool(params["W_K"]), "W_V": pool(params["W_V"]), "W_O": params["W_O"]}
-            """, "strided heads"),
-        ("summed", """
-            def gqa_from_mha(params, num_heads, num_kv_heads):
-                D = params["W_K"].shape[0]
-                D_K, G = D // num_heads, num_heads // num_kv_heads
-                pool = lambda W: W.reshape(D, num_kv_heads, G, D_K).sum(axis=2).reshape(D, -1)
-                return {"W_Q": params["W_Q"], "W_K": pool(params["W_K"]), "W_V": pool(params["W_V"]), "W_O": params["W_O"]}
-            """, "summed"),
-        ("first head", """
-            def gqa_from_mha(params, num_heads, num_kv_heads):
-                D = params["W_K"].shape[0]
-                D_K, G = D // num_heads, num_heads // num_kv_heads
-                pool = lambda W: W.reshape(D, num_kv_heads, G, D_K)[:, :, 0].reshape(D, -1)
-                return {"W_Q": params["W_Q"], "W_K": pool(params["W_K"]), "W_V": pool(params["W_V"]), "W_O": params["W_O"]}
-            """, "first head of each group"),
+        ("W_Q pooled", _gqa(QUERY='np.repeat(pool(params["W_Q"]).reshape(D, num_kv_heads, D_K), G, axis=1).reshape(D, D)'),
+         "W_Q or W_O changed"),
+        ("strided", _gqa(POOL="W.reshape(D, G, num_kv_heads, D_K).mean(axis=1)"), "strided heads"),
+        ("summed", _gqa(POOL="W.reshape(D, num_kv_heads, G, D_K).sum(axis=2)"), "summed"),
+        ("first head", _gqa(POOL="W.reshape(D, num_kv_heads, G, D_K)[:, :, 0]"), "first head of each group"),
     ],
 }}
 
