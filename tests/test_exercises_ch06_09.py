@@ -12,7 +12,7 @@ namespace before every test cell. Slow-ish: each of the four notebooks runs once
 
 from __future__ import annotations
 
-from exercise_harness import exercise_tests
+from exercise_harness import exercise_tests, variant
 
 # {notebook: {test grade_id: [(mutant id, wrong answer source, words the ✘ line must contain)]}}
 MUTANTS: dict[str, dict[str, list[tuple[str, str, str]]]] = {}
@@ -177,6 +177,21 @@ MUTANTS["07_positional_information"] = {
     ],
 }
 
+_LN_BACKWARD = """
+def layer_norm_backward(X, gamma, G, eps=1e-5):
+    mu = X.mean(axis=-1, keepdims=True)
+    s = np.sqrt(((X - mu) ** 2).mean(axis=-1, keepdims=True)EPS)
+    xh, g = (X - mu) / s, GRAD
+    return (g MEAN_TERM XHAT_TERM) / s
+"""
+
+
+def _ln_backward(**change) -> str:
+    """Exercise 8.2's answer, with the mistake put in by replacing one of its upper-case parts."""
+    return variant(_LN_BACKWARD, dict(EPS=" + eps", GRAD="G * gamma", MEAN_TERM="- g.mean(axis=-1, keepdims=True)",
+                                      XHAT_TERM="- xh * (g * xh).mean(axis=-1, keepdims=True)"), **change)
+
+
 MUTANTS["08_mlp_residuals_layernorm"] = {
     "ex8-1-rms-norm-tests": [
         ("mean subtracted", """
@@ -207,41 +222,11 @@ MUTANTS["08_mlp_residuals_layernorm"] = {
             """, "keep the dtype of X"),
     ],
     "ex8-2-ln-backward-tests": [
-        ("gain left out", """
-            def layer_norm_backward(X, gamma, G, eps=1e-5):
-                mu = X.mean(axis=-1, keepdims=True)
-                s = np.sqrt(((X - mu) ** 2).mean(axis=-1, keepdims=True) + eps)
-                xh, g = (X - mu) / s, G
-                return (g - g.mean(axis=-1, keepdims=True) - xh * (g * xh).mean(axis=-1, keepdims=True)) / s
-            """, "the gain was left out"),
-        ("mean term missing", """
-            def layer_norm_backward(X, gamma, G, eps=1e-5):
-                mu = X.mean(axis=-1, keepdims=True)
-                s = np.sqrt(((X - mu) ** 2).mean(axis=-1, keepdims=True) + eps)
-                xh, g = (X - mu) / s, G * gamma
-                return (g - xh * (g * xh).mean(axis=-1, keepdims=True)) / s
-            """, "-mean(g) is missing"),
-        ("x-hat term missing", """
-            def layer_norm_backward(X, gamma, G, eps=1e-5):
-                mu = X.mean(axis=-1, keepdims=True)
-                s = np.sqrt(((X - mu) ** 2).mean(axis=-1, keepdims=True) + eps)
-                g = G * gamma
-                return (g - g.mean(axis=-1, keepdims=True)) / s
-            """, "the scale s depends on x too"),
-        ("eps left out", """
-            def layer_norm_backward(X, gamma, G, eps=1e-5):
-                mu = X.mean(axis=-1, keepdims=True)
-                s = np.sqrt(((X - mu) ** 2).mean(axis=-1, keepdims=True))
-                xh, g = (X - mu) / s, G * gamma
-                return (g - g.mean(axis=-1, keepdims=True) - xh * (g * xh).mean(axis=-1, keepdims=True)) / s
-            """, "eps was left out"),
-        ("eps argument ignored", """
-            def layer_norm_backward(X, gamma, G, eps=1e-5):
-                mu = X.mean(axis=-1, keepdims=True)
-                s = np.sqrt(((X - mu) ** 2).mean(axis=-1, keepdims=True) + 1e-5)
-                xh, g = (X - mu) / s, G * gamma
-                return (g - g.mean(axis=-1, keepdims=True) - xh * (g * xh).mean(axis=-1, keepdims=True)) / s
-            """, "the eps argument was ignored"),
+        ("gain left out", _ln_backward(GRAD="G"), "the gain was left out"),
+        ("mean term missing", _ln_backward(MEAN_TERM=""), "-mean(g) is missing"),
+        ("x-hat term missing", _ln_backward(XHAT_TERM=""), "the scale s depends on x too"),
+        ("eps left out", _ln_backward(EPS=""), "eps was left out"),
+        ("eps argument ignored", _ln_backward(EPS=" + 1e-5"), "the eps argument was ignored"),
     ],
 }
 
