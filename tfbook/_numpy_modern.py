@@ -343,11 +343,7 @@ def grouped_query_attention(X_q, X_kv, params, num_heads, num_kv_heads, mask=Non
     from .numpy import merge_heads, scaled_dot_product_attention, split_heads
 
     X_q, X_kv = _as_float(X_q, "X_q"), _as_float(X_kv, "X_kv")
-    _v.check_ndim("X_q", X_q, 2, what="(..., T_q, D)")
-    _v.check_ndim("X_kv", X_kv, 2, what="(..., T_kv, D)")
-    D = X_q.shape[-1]
-    if X_kv.shape[-1] != D:
-        raise ValueError(f"X_q has D={D} but X_kv has D={X_kv.shape[-1]} (X_q: {X_q.shape}, X_kv: {X_kv.shape})")
+    D = _v.check_x_q_x_kv(X_q, X_kv)
     H, H_kv, D_K = _check_gqa_heads(D, num_heads, num_kv_heads, X_q.shape)
     _check_gqa_params(params, D, H_kv * D_K)
     if rope is not None:

@@ -17,6 +17,7 @@ __all__ = [
     "check_last_dim",
     "check_floating",
     "check_qkv",
+    "check_x_q_x_kv",
     "check_mask",
     "check_positive_int",
     "check_choice",
@@ -121,6 +122,17 @@ def check_qkv(Q, K, V) -> tuple:
     if sk[-2] != sv[-2]:
         raise ValueError(f"K has T_k={sk[-2]} but V has T_k={sv[-2]} (K: {sk}, V: {sv})")
     return broadcast_batch({"Q": sq[:-2], "K": sk[:-2], "V": sv[:-2]})
+
+
+def check_x_q_x_kv(X_q, X_kv) -> int:
+    """Queries' sequence ``X_q (..., T_q, D)`` and keys'/values' ``X_kv (..., T_kv, D)``: same ``D``, returned."""
+    check_ndim("X_q", X_q, 2, what="(..., T_q, D)")
+    check_ndim("X_kv", X_kv, 2, what="(..., T_kv, D)")
+    D = X_q.shape[-1]
+    if X_kv.shape[-1] != D:
+        raise ValueError(f"X_q has D={D} but X_kv has D={X_kv.shape[-1]} "
+                         f"(X_q: {shape_of(X_q)}, X_kv: {shape_of(X_kv)})")
+    return D
 
 
 def check_mask(mask, T_q: int, T_k: int, batch: tuple, name: str = "mask") -> None:
