@@ -84,6 +84,25 @@ MUTANTS["06_permutation_equivariance"] = {
     ],
 }
 
+_ROTARY = """
+def rotary(X, positions, base=10000.0):
+    D = X.shape[-1]
+    theta = POSITIONS[:, None] * BASE ** (-FREQS / D)
+    c, s = np.cos(theta), np.sin(theta)
+    out = np.empty(np.shape(X))
+    out[..., 0::2] = EVEN
+    out[..., 1::2] = ODD
+    return out
+"""
+
+
+def _rotary(**change) -> str:
+    """Exercise 7.2's answer, with the mistake put in by replacing one of its upper-case parts."""
+    return variant(_ROTARY, dict(POSITIONS="np.asarray(positions, dtype=float)", BASE="base", FREQS="np.arange(0, D, 2)",
+                                 EVEN="X[..., 0::2] * c - X[..., 1::2] * s", ODD="X[..., 0::2] * s + X[..., 1::2] * c"),
+                   **change)
+
+
 MUTANTS["07_positional_information"] = {
     "ex7-1-sinusoidal-tests": [
         ("sin and cos swapped", """
@@ -126,16 +145,8 @@ MUTANTS["07_positional_information"] = {
             """, "return float64"),
     ],
     "ex7-2-rotary-tests": [
-        ("clockwise", """
-            def rotary(X, positions, base=10000.0):
-                D = X.shape[-1]
-                theta = np.asarray(positions, dtype=float)[:, None] * base ** (-np.arange(0, D, 2) / D)
-                c, s = np.cos(theta), np.sin(theta)
-                out = np.empty(np.shape(X))
-                out[..., 0::2] = X[..., 0::2] * c + X[..., 1::2] * s
-                out[..., 1::2] = -X[..., 0::2] * s + X[..., 1::2] * c
-                return out
-            """, "the pairs turn clockwise"),
+        ("clockwise", _rotary(EVEN="X[..., 0::2] * c + X[..., 1::2] * s", ODD="-X[..., 0::2] * s + X[..., 1::2] * c"),
+         "the pairs turn clockwise"),
         ("halves paired", """
             def rotary(X, positions, base=10000.0):
                 D = X.shape[-1]
@@ -144,36 +155,10 @@ MUTANTS["07_positional_information"] = {
                 x0, x1 = X[..., : D // 2], X[..., D // 2:]
                 return np.concatenate([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1)
             """, "paired with a channel of the other half"),
-        ("exponent i/D", """
-            def rotary(X, positions, base=10000.0):
-                D = X.shape[-1]
-                theta = np.asarray(positions, dtype=float)[:, None] * base ** (-np.arange(D // 2) / D)
-                c, s = np.cos(theta), np.sin(theta)
-                out = np.empty(np.shape(X))
-                out[..., 0::2] = X[..., 0::2] * c - X[..., 1::2] * s
-                out[..., 1::2] = X[..., 0::2] * s + X[..., 1::2] * c
-                return out
-            """, "the exponent is 2i/D, not i/D"),
-        ("positions ignored", """
-            def rotary(X, positions, base=10000.0):
-                D, T = X.shape[-1], X.shape[-2]
-                theta = np.arange(T, dtype=float)[:, None] * base ** (-np.arange(0, D, 2) / D)
-                c, s = np.cos(theta), np.sin(theta)
-                out = np.empty(np.shape(X))
-                out[..., 0::2] = X[..., 0::2] * c - X[..., 1::2] * s
-                out[..., 1::2] = X[..., 0::2] * s + X[..., 1::2] * c
-                return out
-            """, "the positions argument was ignored"),
-        ("base ignored", """
-            def rotary(X, positions, base=10000.0):
-                D = X.shape[-1]
-                theta = np.asarray(positions, dtype=float)[:, None] * 10000.0 ** (-np.arange(0, D, 2) / D)
-                c, s = np.cos(theta), np.sin(theta)
-                out = np.empty(np.shape(X))
-                out[..., 0::2] = X[..., 0::2] * c - X[..., 1::2] * s
-                out[..., 1::2] = X[..., 0::2] * s + X[..., 1::2] * c
-                return out
-            """, "the base argument was ignored"),
+        ("exponent i/D", _rotary(FREQS="np.arange(D // 2)"), "the exponent is 2i/D, not i/D"),
+        ("positions ignored", _rotary(POSITIONS="np.arange(X.shape[-2], dtype=float)"),
+         "the positions argument was ignored"),
+        ("base ignored", _rotary(BASE="10000.0"), "the base argument was ignored"),
     ],
 }
 
