@@ -34,6 +34,7 @@ import signal
 import struct
 import sys
 import time
+import tracemalloc
 
 EXCERPT = 4000
 
@@ -145,14 +146,23 @@ def _hidden(job: dict, functions: dict, slow: set) -> None:
                         args, kwargs = pickle.loads(blob)
                         old = sys.stdout, sys.stderr
                         sys.stdout = sys.stderr = sink
+                        measure = gid in job.get("measure_memory", ())
                         try:
+                            if measure:  # the test cell measures this call's memory: measure it here
+                                tracemalloc.start()
+                                tracemalloc.reset_peak()
+                                base = tracemalloc.get_traced_memory()[0]
                             msg = _encode_value(fn(*args, **kwargs))
+                            if measure:
+                                msg["peak"] = max(0, tracemalloc.get_traced_memory()[1] - base)
                         except KeyboardInterrupt:
                             timed_out = _State.fired
                             msg = {"ok": False, "error": "timeout" if timed_out else "raised KeyboardInterrupt"}
                         except BaseException as exc:  # noqa: BLE001  (SystemExit too)
                             msg = {"ok": False, "error": f"raised {_builtin_name(exc)}"}
                         finally:
+                            if measure:
+                                tracemalloc.stop()
                             sys.stdout, sys.stderr = old
                             sink.seek(0)
                             sink.truncate()

@@ -274,6 +274,9 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, deadline
                     if msg.get("ok"):
                         try:
                             slot[k] = (True, decode(msg.get("value")))
+                            peak = msg.get("peak")
+                            if isinstance(peak, int) and 0 <= peak < 2**40:  # measured in the sandbox
+                                slot[k] += (peak,)
                         except (Undecodable, RecursionError, ValueError, OverflowError):
                             slot[k] = (False, "cannot be compared")
                     else:
@@ -436,7 +439,8 @@ def grade_one(row: Row, path: Path, plan, judge: JudgeProxy, work: Path, *, time
     by_index = {c["index"]: c for c in cells}
     have = {judge_mod._nbgrader(c).get("grade_id") for c in sub.cells}
     deleted = [g for g in plan.order if g not in have]
-    job = {"cells": cells, "timeout": timeout, "skip": [], "skip_hidden": []}
+    job = {"cells": cells, "timeout": timeout, "skip": [], "skip_hidden": [],
+           "measure_memory": judge_mod.memory_measuring_tests(plan)}
     events, attempt, waited = [], None, 0.0
     for n in range(MAX_ATTEMPTS):
         row.attempts = n + 1

@@ -280,10 +280,24 @@ class _Replayer:
         r = self.results.get(k)
         if r is None:
             raise StudentFailure(f"{self.name} was not called on this case (the run ended early)")
-        ok, value = r
+        ok, value = r[0], r[1]
         if not ok:
             raise StudentFailure(_failure_text(self.name, value))
+        if len(r) > 2 and r[2] > 0:
+            # the peak memory the student's call reached in the sandbox, allocated here once more, so
+            # that a test cell measuring the call (tracemalloc) sees the student's memory, not ours
+            held = bytearray(r[2])
+            del held
         return to_native(copy.deepcopy(value))
+
+
+# A test cell that measures memory around a call: the grader measures the same call in the sandbox.
+MEMORY_MARKERS = ("tracemalloc", "peak_extra_bytes")
+
+
+def memory_measuring_tests(plan) -> list:
+    """The grade ids of the test cells that measure the memory of the student's calls."""
+    return [t.gid for t in plan.tests if any(m in t.source for m in MEMORY_MARKERS)]
 
 
 def _failure_text(name: str, error: str) -> str:
