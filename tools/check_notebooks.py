@@ -12,7 +12,10 @@ notebook
 * contains an error output (a traceback would be published), except in cells tagged
   ``raises-exception``, which show an error on purpose (nbval and myst-nb honour the
   same tag);
-* has an ``execute_result`` whose count differs from its cell's count.
+* has an ``execute_result`` whose count differs from its cell's count;
+* has a control character in a cell's source (a backslash eaten by a Python string when
+  the cell was written: ``"\\binom"`` typed as ``"\binom"`` becomes a backspace and
+  ``inom``, which MathJax then shows as "Math input error").
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ def problems(path: Path) -> list[str]:
     found = []
     expected = 0
     for index, cell in enumerate(nb.cells):
+        bad = sorted({f"U+{ord(ch):04X}" for ch in cell.source if ord(ch) < 32 and ch not in "\n\t"})
+        if bad:
+            found.append(f"{path.name}: cell {index}: control characters {', '.join(bad)} in its source "
+                         "(a backslash lost in a Python string?)")
         if cell.cell_type != "code" or not cell.source.strip():
             continue
         expected += 1
