@@ -136,7 +136,9 @@ LAYOUT_JS = r"""
     if (bad) figures.push(img.src.split('/').pop().slice(0, 12) + ': ' + bad);
   }
   return JSON.stringify({equations, figures,
-    pageOverflow: document.documentElement.scrollWidth - window.innerWidth});
+    // against the layout width asked for (clientWidth), not innerWidth: a phone that zooms a too-wide
+    // page out to fit widens innerWidth with it, and the page then reads smaller, not sideways
+    pageOverflow: document.documentElement.scrollWidth - document.documentElement.clientWidth});
 })
 """
 TYPESET_DONE_JS = """
