@@ -17,7 +17,7 @@ from .. import _validate as _v
 from .._numpy_modern import _ROPE_LAYOUTS, _check_gqa_heads, _head_mask
 # tfbook.torch imports functional first, so its input checks are defined by the time
 # functional imports this module at its end.
-from .functional import _float, _frequencies, _tensor
+from .functional import _float, _rope_angles, _tensor
 
 __all__ = [
     "rms_norm",
@@ -87,17 +87,6 @@ def gelu_tanh(x):
 # ---------------------------------------------------------------------------
 
 
-def _angles(T, D, positions, base, X):
-    if positions is None:
-        positions = torch.arange(T, device=X.device)
-    _tensor(positions, "positions")
-    if positions.ndim == 0 or positions.shape[-1] != T:
-        raise ValueError(f"positions must have shape (..., T) with T={T}, got {tuple(positions.shape)} "
-                         f"(X: {tuple(X.shape)})")
-    _v.broadcast_batch({"X": tuple(X.shape[:-2]), "positions": tuple(positions.shape[:-1])})
-    return positions.to(torch.float64)[..., None] * _frequencies(D, base, X.device)  # (..., T, D/2)
-
-
 def rope_rotate_half(X, positions=None, base=10000.0):
     """Rotary positions, rotate-half layout: pair ``i`` is ``(i, i + D/2)``; see
     :func:`tfbook.numpy.rope_rotate_half`. ``X (..., T, D)``, ``positions (..., T)``."""
@@ -106,7 +95,7 @@ def rope_rotate_half(X, positions=None, base=10000.0):
     T, D = X.shape[-2:]
     if D % 2:
         raise ValueError(f"X has D={D}, which must be even for rope (X: {tuple(X.shape)})")
-    theta = _angles(T, D, positions, base, X)
+    theta = _rope_angles(X, positions, base)
     c, s = torch.cos(theta).to(X.dtype), torch.sin(theta).to(X.dtype)
     x1, x2 = X[..., : D // 2], X[..., D // 2:]
     return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1)

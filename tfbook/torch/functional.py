@@ -458,6 +458,20 @@ def learned_positional_embedding(X, table):
     return X + table[:T]
 
 
+def _rope_angles(X, positions, base):
+    """The angles ``positions * omega_i`` of every channel pair, ``(..., T, D/2)`` in float64;
+    ``positions`` defaults to ``0..T-1`` and is checked against ``X (..., T, D)``."""
+    T, D = X.shape[-2:]
+    if positions is None:
+        positions = torch.arange(T, device=X.device)
+    _tensor(positions, "positions")
+    if positions.ndim == 0 or positions.shape[-1] != T:
+        raise ValueError(f"positions must have shape (..., T) with T={T}, got {tuple(positions.shape)} "
+                         f"(X: {tuple(X.shape)})")
+    _v.broadcast_batch({"X": tuple(X.shape[:-2]), "positions": tuple(positions.shape[:-1])})
+    return positions.to(torch.float64)[..., None] * _frequencies(D, base, X.device)
+
+
 def rope(X, positions=None, base=10000.0):
     """Rotary position embedding: rotate each pair ``(2i, 2i+1)`` by ``position / base**(2i/D)``.
 
@@ -476,14 +490,7 @@ def rope(X, positions=None, base=10000.0):
     T, D = X.shape[-2:]
     if D % 2:
         raise ValueError(f"X has D={D}, which must be even for rope (X: {tuple(X.shape)})")
-    if positions is None:
-        positions = torch.arange(T, device=X.device)
-    _tensor(positions, "positions")
-    if positions.ndim == 0 or positions.shape[-1] != T:
-        raise ValueError(f"positions must have shape (..., T) with T={T}, got {tuple(positions.shape)} "
-                         f"(X: {tuple(X.shape)})")
-    _v.broadcast_batch({"X": tuple(X.shape[:-2]), "positions": tuple(positions.shape[:-1])})
-    theta = positions.to(torch.float64)[..., None] * _frequencies(D, base, X.device)  # (..., T, D/2)
+    theta = _rope_angles(X, positions, base)
     c, s = torch.cos(theta).to(X.dtype), torch.sin(theta).to(X.dtype)
     x0, x1 = X[..., 0::2], X[..., 1::2]
     out = torch.stack([x0 * c - x1 * s, x0 * s + x1 * c], dim=-1)  # (..., T, D/2, 2)
