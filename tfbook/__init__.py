@@ -38,7 +38,9 @@ import os
 #: The package version.
 __version__ = "0.1.0"
 
-__all__ = ["device", "DEVICE_ENV", "__version__"]
+__all__ = ["device", "DEVICE_ENV", "glue", "__version__"]
+
+from tfbook._glue import glue  # noqa: E402  (numbers in the prose come from the code)
 
 
 #: The environment variable that overrides :func:`device` (``cpu``, ``cuda`` or ``mps``).
