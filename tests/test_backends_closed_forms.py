@@ -6,6 +6,7 @@ lecture's worked example); hypothesis checks the properties on random inputs.
 """
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -476,12 +477,24 @@ def test_tiled_attention_memory_is_linear_in_T():
     T, D = 4096, 64
     g = np.random.default_rng(0)
     Q, K, V = (g.standard_normal((T, D), dtype=np.float32) for _ in range(3))
+    bs, itemsize = 128, Q.itemsize
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
-    Z = tnp.tiled_attention(Q, K, V, block_size=128)
+    Z = tnp.tiled_attention(Q, K, V, block_size=bs)
     peak = tracemalloc.get_traced_memory()[1] - base
     tracemalloc.stop()
-    # output 1 MiB + a few (128 x 4096)-free blocks; S alone would be T^2 * 4 bytes = 64 MiB
-    assert peak < 4 * 2**20, f"peak extra memory {peak / 2**20:.1f} MiB"
+    # The bound, counted. The output Z: T * D. Each query block in flight holds q, the running acc
+    # and the two temporaries of `alpha * acc + S @ V` and the new acc (5 arrays of bs x D), the score
+    # tile S (bs x bs) and the causal-mask tile (bs x bs bools, itemsize 1 < 4: counted as one more
+    # tile); tiled_attention runs up to min(cpu_count, T / bs) query blocks at once on threads
+    # (tfbook.numpy._run_blocks), so a 16-core machine holds 16 of them. The interpreter's own
+    # allocations (thread objects, frames, the pool's queues) get 256 KiB. Nothing here grows as
+    # T^2: the full score matrix alone is T^2 * 4 bytes = 64 MiB, far above the bound (at most
+    # 1 + 32 * 0.28 + 0.25 MiB, about 10 MiB, on any number of cores).
+    in_flight = min(os.cpu_count() or 1, -(-T // bs))
+    per_block = (5 * bs * D + 2 * bs * bs) * itemsize
+    bound = T * D * itemsize + in_flight * per_block + 256 * 2**10
+    assert bound < T * T * itemsize / 4  # the check can tell linear from quadratic
+    assert peak < bound, f"peak extra memory {peak / 2**20:.2f} MiB > {bound / 2**20:.2f} MiB ({in_flight} blocks at once)"
     Z_naive, _ = tnp.scaled_dot_product_attention(Q[:256], K, V)
     np.testing.assert_allclose(Z[:256], Z_naive, rtol=0, atol=1e-5)  # float32 round-off over 4096 terms
