@@ -158,6 +158,31 @@ def course_config(path: Path) -> None:
     path.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True), encoding="utf-8")
 
 
+FAILS_IF_PROMPT = "Fails if"
+
+
+def add_fails_if(nb):
+    """Under each check, fold what it catches: the ``fails_if`` of its mutations (in place).
+
+    A code cell whose metadata names mutations (``tfbook.mutations``, CONTRIBUTING.md, "Every
+    check is shown to fail") gets a markdown cell after it with a dropdown listing them, so the
+    reader sees what the check would catch; tests/test_mutations_*.py shows each one does.
+    """
+    cells = []
+    for cell in nb.cells:
+        cells.append(cell)
+        mutations = (cell.get("metadata", {}).get("tfbook", {}) or {}).get("mutations") or []
+        if cell.cell_type != "code" or not mutations:
+            continue
+        items = "\n".join(f"- {m['fails_if'].strip()}" for m in mutations)
+        note = nbformat.v4.new_markdown_cell(
+            f":::{{dropdown}} {FAILS_IF_PROMPT}\n:class-container: fails-if\n\n{items}\n:::")
+        note.id = f"{cell.get('id', 'cell')}-fails-if"[:64]
+        cells.append(note)
+    nb.cells = cells
+    return nb
+
+
 TRANSFORMS = {"public": transform_public, "course": transform_course}
 
 # Blocks of the prose pages in book/ written for one edition only, between
@@ -198,7 +223,7 @@ def stage(mode: str, out: Path, notebooks: Path, root: Path = ROOT) -> list[Path
     for path in staged:
         nb = nbformat.read(path, as_version=4)
         try:
-            nb = transform(strip_title_number(nb))
+            nb = add_fails_if(transform(strip_title_number(nb)))
         except RuntimeError as err:  # nbgrader: unbalanced markers, region outside its cell type
             raise SystemExit(f"stage_book: {path.name}: {err}") from err
         nbformat.write(nb, path)
