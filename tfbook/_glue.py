@@ -4,8 +4,10 @@ A chapter computes a figure, then ``tfbook.glue("ch13-kn-bits", bits, fmt="{:.3f
 stores the *formatted string* under that key; the markdown writes
 ``{glue:text}`ch13-kn-bits``` and the built book shows exactly that string, so the text and
 the code cannot disagree (the strict build fails on a missing key). Nothing is displayed in
-the notebook. Without myst-nb (a reader's plain Jupyter, Colab) it does nothing but return
-the formatted string.
+the notebook. It writes the output myst-nb's ``glue(key, value, display=False)`` writes (a
+display_data whose mime types carry myst-nb's prefix and whose metadata names the key), with
+IPython alone, so the stored outputs are the same whether or not myst-nb is installed (nbval
+compares them); outside IPython it does nothing.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 __all__ = ["glue"]
 
+_GLUE_PREFIX = "application/papermill.record/"  # myst_nb.ext.glue.GLUE_PREFIX
 _KEY = re.compile(r"^ch(\d\d|A)-[a-z0-9][a-z0-9-]*$")
 
 
@@ -25,8 +28,9 @@ class _Text(str):
         return str(self)
 
 
-def glue(key: str, value: Any, fmt: str = "{}") -> str:
-    """Store ``fmt.format(value)`` under ``key`` for ``{glue:text}`` roles; return that string.
+def glue(key: str, value: Any, fmt: str = "{}") -> None:
+    """Store ``fmt.format(value)`` under ``key`` for ``{glue:text}`` roles (returns nothing, so a
+    cell ending with it shows nothing).
 
     ``key`` must look like ``ch07-bucket-start`` (``ch<NN>-`` or ``chA-``, then lower-case
     letters, digits and hyphens), so that keys of different chapters cannot collide.
@@ -40,8 +44,14 @@ def glue(key: str, value: Any, fmt: str = "{}") -> str:
     except (ValueError, TypeError, IndexError, KeyError) as exc:
         raise ValueError(f"fmt={fmt!r} cannot format value {value!r} ({type(exc).__name__}: {exc})") from None
     try:
-        from myst_nb import glue as _myst_glue
-    except ImportError:  # a reader without myst-nb: nothing to store
-        return text
-    _myst_glue(key, _Text(text), display=False)
-    return text
+        from IPython import get_ipython
+        from IPython.core.formatters import format_display_data
+        from IPython.display import display
+    except ImportError:  # plain Python: nothing to store
+        return None
+    if get_ipython() is None:
+        return None
+    mimebundle, metadata = format_display_data(_Text(text))
+    metadata["scrapbook"] = {"name": key, "mime_prefix": _GLUE_PREFIX}
+    display({_GLUE_PREFIX + k: v for k, v in mimebundle.items()}, raw=True, metadata=metadata)
+    return None
