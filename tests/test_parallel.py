@@ -1,8 +1,9 @@
 """tfbook.parallel: two gloo processes on 127.0.0.1 give the single-process gradients (chapter 18).
 
-One real two-process run with the default start method (fork on Linux; module fixture,
-a few seconds) is shared by most tests below; one more run uses spawn, the portable start
-method (each child imports torch: 5-30 s on 2 busy cores). The rest are in-process.
+One real two-process run with the default start method (fork on CPU-only Linux, spawn where
+CUDA is present; module fixture) is shared by most tests below; one more run takes the path of
+a CUDA machine, forced (``torch.cuda.is_available`` patched to True: the launcher spawns, each
+child imports torch, 5-30 s on 2 busy cores). The rest are in-process.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def test_parameters_stay_in_sync_and_match_single_process_training(runs):
 
 def test_communication_is_timed_apart_from_the_step(runs):
     _, results = runs
+    assert {r["start_method"] for r in results} == {parallel.default_start_method()}
     for r in results:
         assert r["world_size"] == 2
         assert 0 < r["comm_seconds"] < r["seconds"]  # the all-reduce takes time, and is part of the step
@@ -104,10 +106,25 @@ def test_gradient_accumulation_without_the_division_is_k_times_too_large():
     torch.testing.assert_close(g_sum, 4 * g_big, atol=1e-12, rtol=0)
 
 
-def test_spawned_workers_give_the_same_gradients():
-    ref = parallel.single_process_run(parallel.DPConfig(steps=1))
-    results = parallel.run_data_parallel(parallel.DPConfig(steps=1), world_size=2, timeout=240,
-                                         start_method="spawn")
+def test_start_method_is_spawn_wherever_cuda_is_present(monkeypatch):
+    monkeypatch.setattr(parallel.sys, "platform", "linux")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    if getattr(torch, "accelerator", None) is not None:
+        monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
+    assert parallel.default_start_method() == "fork"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert parallel.default_start_method() == "spawn"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(parallel.sys, "platform", "darwin")
+    assert parallel.default_start_method() == "spawn"
+
+
+def test_default_launcher_on_a_cuda_machine_spawns_and_gives_the_same_gradients(monkeypatch):
+    """The path every CUDA machine takes, forced here: this process 'sees' a GPU and has run autograd."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    ref = parallel.single_process_run(parallel.DPConfig(steps=1))  # autograd has run in the parent
+    results = parallel.run_data_parallel(parallel.DPConfig(steps=1), world_size=2, timeout=240)
+    assert [r["start_method"] for r in results] == ["spawn", "spawn"]
     for r in results:
         for n, g in ref["grads"].items():
             torch.testing.assert_close(r["grads"][n], g, atol=1e-12, rtol=0, msg=n)  # float64 round-off

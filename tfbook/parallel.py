@@ -1,8 +1,9 @@
 """Data parallelism on one machine: several processes, ``torch.distributed`` with gloo, 127.0.0.1 only.
 
-Chapter 18 runs :func:`run_data_parallel`, which starts ``world_size`` processes (forked on
-Linux, spawned elsewhere: a spawned worker is a fresh interpreter, so the worker function
-:func:`_data_parallel_worker` lives here, in an importable module). Every process builds
+:func:`run_data_parallel` starts ``world_size`` processes (forked on CPU-only Linux, spawned
+wherever CUDA is present and on other systems, :func:`default_start_method`: a spawned worker
+is a fresh interpreter, so the worker function :func:`_data_parallel_worker` lives here, in an
+importable module). Every process builds
 the same small float64 :class:`~tfbook.torch.models.DecoderLM` from the same seed, takes
 its contiguous shard of each global batch, computes the mean loss of its shard, and
 averages the gradients with ``all_reduce(SUM) / world_size`` before a plain SGD step.
@@ -47,6 +48,7 @@ __all__ = [
     "run_data_parallel",
     "run_context_parallel",
     "accumulate_gradients",
+    "default_start_method",
 ]
 
 
@@ -302,7 +304,7 @@ def _launch(worker, cfg: DPConfig, world_size: int, timeout: float, start_method
     if not timeout > 0:
         raise ValueError(f"timeout must be positive, got {timeout!r}")
     if start_method is None:
-        start_method = "fork" if sys.platform.startswith("linux") else "spawn"
+        start_method = default_start_method()
     if start_method not in ("spawn", "fork"):
         raise ValueError(f"start_method must be 'spawn' or 'fork', got {start_method!r}")
     with tempfile.TemporaryDirectory(prefix="tfbook-dp-") as out_dir:
@@ -321,7 +323,37 @@ def _launch(worker, cfg: DPConfig, world_size: int, timeout: float, start_method
                 if p.is_alive():  # pragma: no cover - a worker that ignores SIGTERM
                     p.kill()
                     p.join(5)
-        return [torch.load(Path(out_dir) / f"rank{r}.pt") for r in range(world_size)]
+        results = [torch.load(Path(out_dir) / f"rank{r}.pt") for r in range(world_size)]
+        for r in results:
+            r["start_method"] = start_method
+        return results
+
+
+def _accelerator_present() -> bool:
+    """Whether this PyTorch sees a CUDA (or other) accelerator; does not initialise CUDA."""
+    if torch.cuda.is_available():
+        return True
+    acc = getattr(torch, "accelerator", None)  # torch >= 2.6
+    try:
+        return bool(acc is not None and acc.is_available())
+    except Exception:  # pragma: no cover - a backend that fails to answer counts as absent
+        return False
+
+
+def default_start_method() -> str:
+    """``"fork"`` on Linux without an accelerator, ``"spawn"`` everywhere else.
+
+    PyTorch's rule (the ``torch.multiprocessing`` notes): the CUDA runtime does not support
+    ``fork``, and once autograd has run in a process that sees a GPU, its device threads exist
+    and a forked child fails at its first ``backward`` ("Unable to handle autograd's threading
+    in combination with fork-based multiprocessing"). So wherever CUDA (or another
+    accelerator) is present the workers are spawned, fresh interpreters. On a CPU-only Linux
+    machine fork is safe (no device threads) and starts the workers in a fraction of a
+    second; macOS and Windows spawn (fork is unsafe or absent there).
+    """
+    if not sys.platform.startswith("linux") or _accelerator_present():
+        return "spawn"
+    return "fork"
 
 
 def run_data_parallel(cfg: DPConfig = DPConfig(), world_size: int = 2, timeout: float = 120.0,
@@ -336,9 +368,10 @@ def run_data_parallel(cfg: DPConfig = DPConfig(), world_size: int = 2, timeout: 
 
     ``start_method`` is ``"spawn"`` (a fresh interpreter per worker: safe everywhere, but each
     worker pays for importing torch, seconds on a busy machine) or ``"fork"`` (the workers
-    start as copies of this process in a fraction of a second; fine here because they use
-    the CPU only and leave through ``os._exit``). The default, ``None``, is ``"fork"`` on
-    Linux and ``"spawn"`` elsewhere (macOS and Windows, where forking is unsafe or absent).
+    start as copies of this process in a fraction of a second; safe only without CUDA: they
+    use the CPU only and leave through ``os._exit``). The default, ``None``, is
+    :func:`default_start_method`: ``"fork"`` on CPU-only Linux, ``"spawn"`` wherever CUDA is
+    present and on macOS and Windows. Each result also records the ``start_method`` used.
     """
     if isinstance(cfg, DPConfig) and isinstance(world_size, int) and world_size >= 1 and cfg.batch_size % world_size:
         raise ValueError(f"batch_size={cfg.batch_size} does not split evenly into world_size={world_size} shards")
