@@ -11,7 +11,7 @@
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
 from nbgrader.preprocessors import GetGrades
 
-from tfbook.course import HideHiddenTests  # feedback must not show hidden tests
+from tfbook.course.release import HideHiddenTests  # feedback must not show hidden tests
 
 c = get_config()  # noqa: F821  (provided by traitlets when nbgrader loads this file)
 

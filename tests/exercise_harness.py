@@ -3,7 +3,7 @@ tests/test_training_exercises.py); not collected itself (its name does not start
 
 Every implement-it exercise teaches through its visible tests: each likely mistake that a
 visible test names is written in a test file as a deliberately wrong answer, and the test
-cell's *visible* part (what a student receives: :func:`tfbook.course_judge.released_test_source`)
+cell's *visible* part (what a student receives: :func:`tfbook.course.judge.released_test_source`)
 must fail on it with an ``AssertionError`` carrying that mistake's words, printed on the first
 ``✘`` line; the master's own solution must pass the whole cell, hidden part included; every
 implement-it exercise names at least two mistakes; every exercise binds its own answer names,
@@ -22,7 +22,7 @@ Two ways to run a test cell:
   chapter's top-level functions that some test cell names (``elu1`` in chapter 17), copied
   from its ordinary cells; no other cell runs, so this is quick;
 * ``"judge"``: in the namespace that the master notebook had just before that test cell, kept
-  by the grader's judge (:class:`tfbook.course_judge.Judge`, which runs each master notebook
+  by the grader's judge (:class:`tfbook.course.judge.Judge`, which runs each master notebook
   once, in this process), for test cells that use the chapter's state.
 """
 
@@ -42,7 +42,7 @@ import numpy as np
 import pytest
 from IPython.core.inputtransformer2 import TransformerManager
 
-from tfbook import course_judge
+from tfbook.course import judge as course_judge
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"

@@ -126,7 +126,7 @@ def test_snippet_is_silent_off_colab_and_installs_on_colab(capfd, monkeypatch):
 
 def test_released_student_notebooks_do_not_name_the_repository(tmp_path):
     """The snippet names the repository, which holds the solutions: release drops it."""
-    from tfbook.course import release
+    from tfbook.course.release import release
 
     url = colab_cell.repository()[0].split("://", 1)[1]
     chapter = ROOT / "notebooks" / "00_setup_and_notation.ipynb"

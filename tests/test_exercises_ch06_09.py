@@ -7,7 +7,7 @@ the chapter's own solution must pass the whole cell, hidden part included; every
 exercise names at least two mistakes; every exercise binds its own answer names.
 
 The test cells run in the master notebook's own namespace: the grader's judge
-(:class:`tfbook.course_judge.Judge`) runs each master notebook once and keeps a snapshot of the
+(:class:`tfbook.course.judge.Judge`) runs each master notebook once and keeps a snapshot of the
 namespace before every test cell. Slow-ish: each of the four notebooks runs once, in this process."""
 
 from __future__ import annotations

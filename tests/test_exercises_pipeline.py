@@ -1,5 +1,5 @@
 """The graded-exercise pipeline end to end: release every chapter, then grade a generated
-class (tfbook/course_demo.py) of honest, broken, cheating and attacking submissions, each
+class (tfbook/course/demo.py) of honest, broken, cheating and attacking submissions, each
 in its bubblewrap sandbox, and check every row of grades.csv, the feedback pages, the
 per-exercise table, that no submission changed on disk, that no process was left behind
 and that nothing was written outside the sandboxes' scratch folders."""
@@ -22,7 +22,12 @@ import numpy as np
 import pytest
 from conftest import processes_with
 
-from tfbook import course, course_demo, course_sandbox
+from tfbook.course import (
+    demo as course_demo,
+    grade as course_grade,
+    release as course_release,
+    sandbox as course_sandbox,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTER = course_demo.CH0
@@ -35,7 +40,7 @@ pytestmark = pytest.mark.skipif(not MASTER.exists(), reason="chapter 0 not writt
 @pytest.fixture(scope="module")
 def released(tmp_path_factory):
     out = tmp_path_factory.mktemp("release")
-    return course.release(out=out, verbose=False)  # every chapter notebook
+    return course_release.release(out=out, verbose=False)  # every chapter notebook
 
 
 def test_release_has_stubs_and_no_secrets(released):
@@ -44,36 +49,36 @@ def test_release_has_stubs_and_no_secrets(released):
         assert path == path.parent.parent / name / f"{name}.ipynb"
         master = nbformat.read(str(ROOT / "notebooks" / f"{name}.ipynb"), as_version=4)
         student = nbformat.read(str(path), as_version=4)
-        text = course.notebook_text(student)
-        secrets = course.secret_lines(master)
+        text = course_release.notebook_text(student)
+        secrets = course_release.secret_lines(master)
         assert secrets["hidden"], f"{name}: no hidden tests in the master?"
         assert secrets["solution"], f"{name}: no solutions in the master?"
-        assert course.find_leaks(master, text) == [], name
+        assert course_release.find_leaks(master, text) == [], name
         for marker in ("BEGIN SOLUTION", "END SOLUTION", "HIDDEN TESTS", "NBVAL_"):
             assert marker not in text, (name, marker)
-        solution_cells = [c for c in student.cells if course._nbgrader(c).get("solution")]
+        solution_cells = [c for c in student.cells if course_release._nbgrader(c).get("solution")]
         assert solution_cells and all("raise NotImplementedError()" in c.source
                                       for c in solution_cells if "def " in c.source)
         assert all("# YOUR CODE HERE" in c.source for c in solution_cells)
         assert not any(c.get("outputs") for c in student.cells if c.cell_type == "code")
-        assert course.max_score(student) == course.max_score(master) > 0
+        assert course_release.max_score(student) == course_release.max_score(master) > 0
 
 
 def test_release_strips_test_markers():
     master = nbformat.read(str(MASTER), as_version=4)
-    assert "NBVAL_IGNORE_OUTPUT" in course.notebook_text(master)  # the check can fail
-    stripped = course.strip_test_markers(master)
-    assert "NBVAL_" not in course.notebook_text(stripped)
+    assert "NBVAL_IGNORE_OUTPUT" in course_release.notebook_text(master)  # the check can fail
+    stripped = course_release.strip_test_markers(master)
+    assert "NBVAL_" not in course_release.notebook_text(stripped)
 
 
 def test_find_leaks_detects_a_leak():
     master = nbformat.read(str(MASTER), as_version=4)
-    hidden = course.secret_lines(master)["hidden"][0]
-    solution = course.secret_lines(master)["solution"][0]
-    assert course.find_leaks(master, "print(1)") == []
-    assert course.find_leaks(master, f"x\n{hidden}\n") == [f"hidden: {hidden}"]
-    assert course.find_leaks(master, solution) == [f"solution: {solution}"]
-    assert course.find_leaks(master, solution, kinds=("hidden",)) == []
+    hidden = course_release.secret_lines(master)["hidden"][0]
+    solution = course_release.secret_lines(master)["solution"][0]
+    assert course_release.find_leaks(master, "print(1)") == []
+    assert course_release.find_leaks(master, f"x\n{hidden}\n") == [f"hidden: {hidden}"]
+    assert course_release.find_leaks(master, solution) == [f"solution: {solution}"]
+    assert course_release.find_leaks(master, solution, kinds=("hidden",)) == []
 
 
 
@@ -98,7 +103,7 @@ def graded(released, tmp_path_factory):
     outside = [ROOT / "_build" / f"tfbook-attack-{tag}.txt", out / f"attack-{tag}.txt",
                Path("/tmp") / f"tfbook-attack-{tag}.txt"]
     start = time.perf_counter()
-    rows = course.grade(subs, out=out, timeout=CELL_TIMEOUT, total_timeout=180, verbose=False)
+    rows = course_grade.grade(subs, out=out, timeout=CELL_TIMEOUT, total_timeout=180, verbose=False)
     seconds = time.perf_counter() - start
     server.close()
     after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(subs.rglob("*"))
@@ -115,14 +120,14 @@ def graded(released, tmp_path_factory):
 def test_every_row(graded):
     with open(graded["out"] / "grades.csv", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == course.CSV_FIELDS
+    assert list(rows[0]) == course_release.CSV_FIELDS
     want = {(s, a): e for s, per in graded["expected"].items() for a, e in per.items()}
     got = {(r["student"], r["assignment"]): r for r in rows}
     assert set(got) == set(want)
     assert len(want) == 30
     for key, (score, status, reason) in want.items():
         r = got[key]
-        max_score = course.max_score(nbformat.read(str(ROOT / "notebooks" / f"{key[1]}.ipynb"),
+        max_score = course_release.max_score(nbformat.read(str(ROOT / "notebooks" / f"{key[1]}.ipynb"),
                                                    as_version=4))
         assert (float(r["score"]), float(r["max_score"]), r["status"]) == (score, max_score, status), r
         assert reason in r["reason"], r
@@ -138,7 +143,7 @@ def test_submissions_untouched_and_nothing_written_outside(graded):
 
 def test_hidden_checks_do_not_leak(graded):
     master = nbformat.read(str(MASTER), as_version=4)
-    hidden = course.secret_lines(master)["hidden"]
+    hidden = course_release.secret_lines(master)["hidden"]
     for row in graded["rows"]:
         if "hidden case" in row.reason:
             assert "expected" not in row.reason.split("hidden case", 1)[1], row.reason
@@ -152,7 +157,7 @@ def test_hidden_checks_do_not_leak(graded):
         assert base64.b64encode(x.tobytes()).decode()[:40] not in page
     assert "LEAK:" in page  # it did print its visible inputs, so the check can fail
     for line in hidden:
-        assert line not in course.html_text(page)
+        assert line not in course_release.html_text(page)
 
 
 def test_feedback_pages(graded):
@@ -167,8 +172,8 @@ def test_feedback_pages(graded):
         if page.parts[-2] != CHAPTER:
             continue
         raw = page.read_text(encoding="utf-8")
-        text = course.html_text(raw)
-        assert course.find_leaks(master, text, kinds=("hidden",)) == [], page
+        text = course_release.html_text(raw)
+        assert course_release.find_leaks(master, text, kinds=("hidden",)) == [], page
         assert "hidden tests: not shown" in text
         assert "http://" not in raw and "https://" not in raw, page  # no CDN: math renders offline
         assert "../../_mathjax/tex-chtml.js" in raw
@@ -176,7 +181,7 @@ def test_feedback_pages(graded):
     # 30 MB printed and files past the limits: a short excerpt on the page, nothing on disk
     assert (fb / "flood" / CHAPTER / f"{CHAPTER}.html").stat().st_size < 100_000
     assert not list(Path("/tmp").glob("tfbook-flood-*"))
-    ben = course.html_text((fb / "ben_wrong" / CHAPTER / f"{CHAPTER}.html").read_text(encoding="utf-8"))
+    ben = course_release.html_text((fb / "ben_wrong" / CHAPTER / f"{CHAPTER}.html").read_text(encoding="utf-8"))
     assert "you normalised over axis 0" in ben  # the visible hint
 
 
@@ -208,15 +213,14 @@ def test_hide_hidden_tests_scrubs_tracebacks():
                     nbformat.v4.new_output("stream", name="stdout",
                                            text="note: assert secret_value == 42\n")]
     nb = nbformat.v4.new_notebook(cells=[cell])
-    course.hide_hidden_tests(nb)
-    text = course.notebook_text(nb)
+    course_release.hide_hidden_tests(nb)
+    text = course_release.notebook_text(nb)
     assert "secret_value" not in text
-    assert "HIDDEN" not in nb.cells[0].source and course.HIDDEN_PLACEHOLDER in nb.cells[0].source
+    assert "HIDDEN" not in nb.cells[0].source and course_release.HIDDEN_PLACEHOLDER in nb.cells[0].source
     assert nb.cells[0].outputs[0]["traceback"] == ["AssertionError: "]
 
 
 def test_check_command_gives_the_graders_messages(graded, capsys):
-    from tfbook import course_grade
 
     sub = next(p for p in graded["before"] if p.parts[-3] == "ben_wrong" and p.parts[-2] == CHAPTER)
     failed = course_grade.check_notebook(sub, timeout=60)

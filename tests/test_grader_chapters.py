@@ -12,7 +12,12 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from tfbook import course, course_demo, course_sandbox
+from tfbook.course import (
+    demo as course_demo,
+    grade as course_grade,
+    release as course_release,
+    sandbox as course_sandbox,
+)
 
 pytestmark = pytest.mark.skipif(os.environ.get("TFBOOK_GRADE_ALL") != "1",
                                 reason="slow: set TFBOOK_GRADE_ALL=1")
@@ -21,12 +26,12 @@ pytestmark = pytest.mark.skipif(os.environ.get("TFBOOK_GRADE_ALL") != "1",
 def test_every_chapters_solutions_score_full_marks(tmp_path):
     if course_sandbox.available():
         pytest.skip(course_sandbox.available())
-    released = course.release(out=tmp_path / "rel", verbose=False)
+    released = course_release.release(out=tmp_path / "rel", verbose=False)
     for a, path in released.items():
-        master = nbformat.read(str(course.NOTEBOOKS / f"{a}.ipynb"), as_version=4)
+        master = nbformat.read(str(course_release.NOTEBOOKS / f"{a}.ipynb"), as_version=4)
         nb = course_demo._answer(nbformat.read(str(path), as_version=4), course_demo.solutions(master))
         course_demo._write(tmp_path / "subs", "solutions", a, nb)
-    rows = course.grade(tmp_path / "subs", out=tmp_path / "out", timeout=120, total_timeout=900,
+    rows = course_grade.grade(tmp_path / "subs", out=tmp_path / "out", timeout=120, total_timeout=900,
                         verbose=False)
     assert len(rows) == len(released) >= 17
     bad = [(r.assignment, r.score, r.max_score, r.status, r.reason) for r in rows

@@ -11,7 +11,13 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from tfbook import course, course_demo, course_grade, course_judge, course_sandbox
+from tfbook.course import (
+    demo as course_demo,
+    grade as course_grade,
+    judge as course_judge,
+    release as course_release,
+    sandbox as course_sandbox,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CH0 = course_demo.CH0
@@ -24,12 +30,12 @@ pytestmark = pytest.mark.skipif(not MASTER.exists(), reason="chapter 0 not writt
 def _shared_kernel_points(nb, master) -> float:
     """Points under the old model: the student's cells and the full master tests (hidden
     part included) run in one interpreter; a test cell that raises nothing scores."""
-    full = {course._nbgrader(c).get("grade_id"): c for c in master.cells if course._nbgrader(c).get("grade")}
+    full = {course_release._nbgrader(c).get("grade_id"): c for c in master.cells if course_release._nbgrader(c).get("grade")}
     cells = []
     for i, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
-        gid = course._nbgrader(cell).get("grade_id")
+        gid = course_release._nbgrader(cell).get("grade_id")
         src = full[gid].source if gid in full else cell.source
         cells.append({"index": i, "kind": "code", "source": src})
     with course_grade.tempfile.TemporaryDirectory() as tmp:
@@ -40,15 +46,15 @@ def _shared_kernel_points(nb, master) -> float:
                                          course_sandbox.Limits(), 1), log=Path(tmp) / "log")
     points = 0.0
     for i, cell in enumerate(nb.cells):
-        gid = course._nbgrader(cell).get("grade_id")
+        gid = course_release._nbgrader(cell).get("grade_id")
         if gid in full and a.records.get(i, {}).get("status") == "ok":
-            points += float(course._nbgrader(full[gid]).get("points", 0))
+            points += float(course_release._nbgrader(full[gid]).get("points", 0))
     return points
 
 
 @pytest.fixture(scope="module")
 def cheats(tmp_path_factory):
-    rel = course.release([MASTER], out=tmp_path_factory.mktemp("rel"), verbose=False)
+    rel = course_release.release([MASTER], out=tmp_path_factory.mktemp("rel"), verbose=False)
     subs = tmp_path_factory.mktemp("subs")
     out = tmp_path_factory.mktemp("out")
     course_demo.make_class(subs, rel, out, "cheats", 9, names=list(CHEATS))

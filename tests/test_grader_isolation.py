@@ -20,7 +20,13 @@ import numpy as np
 import pytest
 from conftest import processes_with
 
-from tfbook import course, course_demo, course_grade, course_sandbox, course_wire
+from tfbook.course import (
+    demo as course_demo,
+    grade as course_grade,
+    release as course_release,
+    sandbox as course_sandbox,
+    wire as course_wire,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CH0 = course_demo.CH0
@@ -32,7 +38,7 @@ MASTER = ROOT / "notebooks" / f"{CH0}.ipynb"
 @pytest.mark.skipif(not MASTER.exists(), reason="chapter 0 not written yet")
 def test_attacks_succeed_without_the_sandbox(tmp_path):
     tag = uuid.uuid4().hex[:12]
-    rel = course.release([MASTER], out=tmp_path / "rel", verbose=False)
+    rel = course_release.release([MASTER], out=tmp_path / "rel", verbose=False)
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(16)
@@ -44,7 +50,7 @@ def test_attacks_succeed_without_the_sandbox(tmp_path):
     before = victim.read_bytes()
     marker_checkout = ROOT / "_build" / f"tfbook-attack-{tag}.txt"
     try:
-        rows = course.grade(subs, out=out, timeout=20, total_timeout=120, verbose=False,
+        rows = course_grade.grade(subs, out=out, timeout=20, total_timeout=120, verbose=False,
                             use_sandbox=False, jobs=2,
                             limits=course_sandbox.Limits(memory_bytes=None))
         got = {r.student: r for r in rows}

@@ -37,9 +37,10 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tfbook"
 # Modules that need an extra beyond the core dependencies.
-EXTRA_MODULES = {m: "course" for m in ("tfbook.course", "tfbook.course_demo", "tfbook.course_driver",
-                                        "tfbook.course_grade", "tfbook.course_judge", "tfbook.course_report",
-                                        "tfbook.course_sandbox", "tfbook.course_wire")}
+EXTRA_MODULES = {m: "course" for m in ("tfbook.course", "tfbook.course.__main__", "tfbook.course.demo",
+                                        "tfbook.course.driver", "tfbook.course.grade", "tfbook.course.judge",
+                                        "tfbook.course.release", "tfbook.course.report",
+                                        "tfbook.course.sandbox", "tfbook.course.wire")}
 SCENARIOS = {"core": (), "book": ("book",), "course": ("course",)}
 PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
 

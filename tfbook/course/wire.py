@@ -1,6 +1,6 @@
 """Plain-data wire format between a sandboxed submission and the grader.
 
-The sandbox (:mod:`tfbook.course_driver`) turns the values a student's code produced
+The sandbox (:mod:`tfbook.course.driver`) turns the values a student's code produced
 into JSON with :func:`encode`: ``None``, booleans, integers, floats, complex numbers,
 strings, tuples, lists, sets and dicts of these, NumPy arrays and scalars (numeric or boolean
 dtypes, stored with ``np.save``) and torch tensors (stored as their NumPy array and

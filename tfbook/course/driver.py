@@ -1,6 +1,6 @@
-"""Runs ONE submission inside its sandbox; started by :mod:`tfbook.course` (never by hand).
+"""Runs ONE submission inside its sandbox; started by :mod:`tfbook.course.grade` (never by hand).
 
-    python -m tfbook.course_driver JOB.json
+    python -m tfbook.course.driver JOB.json
 
 The job file lists the notebook's code cells in order. Ordinary and answer cells are the
 student's; at each test cell the driver runs the *visible* part of the master's test
@@ -12,7 +12,7 @@ Phase 1 (visible): every cell runs in one IPython shell, in this process; each c
 Phase 2 (hidden): after reporting ``visible-done`` the driver reads, from its standard
 input, the inputs of every call the grader wants (pickles made by the grader), calls the
 student's functions on them with the output discarded, and reports each result as plain
-data (:mod:`tfbook.course_wire`). The grader sends those inputs only once it has received
+data (:mod:`tfbook.course.wire`). The grader sends those inputs only once it has received
 ``visible-done``, and ignores anything after it for feedback: nothing the student's code
 learns in phase 2 can reach the feedback page.
 
@@ -109,7 +109,7 @@ def _run(shell, source: str, timeout: float) -> dict:
 
 
 def _encode_value(value):
-    from tfbook.course_wire import Unencodable, encode
+    from tfbook.course.wire import Unencodable, encode
 
     try:
         return {"ok": True, "value": encode(value)}

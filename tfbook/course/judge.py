@@ -44,7 +44,7 @@ import nbformat
 import numpy as np
 
 HIDDEN_BEGIN, HIDDEN_END = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"
-SPECS = Path(__file__).resolve().parents[1] / "course" / "specs"
+SPECS = Path(__file__).resolve().parents[2] / "course" / "specs"
 
 
 def _nbgrader(cell) -> dict:
@@ -251,7 +251,7 @@ class _Recorder:
 
 def to_native(x):
     """Decoded wire data with tensors turned back into torch tensors."""
-    from tfbook.course_wire import Tensor
+    from tfbook.course.wire import Tensor
 
     if isinstance(x, Tensor):
         return x.to_torch()
@@ -522,7 +522,7 @@ def _recv(stream):
 
 
 def serve(master_path: str, specs: str) -> None:
-    """``python -m tfbook.course_judge MASTER SPECS``: a judge process of the grader.
+    """``python -m tfbook.course.judge MASTER SPECS``: a judge process of the grader.
 
     It talks pickles with the grader over its stdin/stdout (both trusted: no student
     bytes are ever unpickled here; the student's data arrive already decoded)."""

@@ -1,7 +1,7 @@
 """A generated class of submissions that attacks and breaks the grader, for its tests and
 for instructors who want to see what ``grade`` does with them.
 
-    python -m tfbook.course_demo OUT_DIR      # writes OUT_DIR/submissions and prints the table
+    python -m tfbook.course.demo OUT_DIR      # writes OUT_DIR/submissions and prints the table
 
 Every attack answers the first three exercises of chapter 0 correctly (6 points) and
 sets the last prediction to the right value *only if the attack worked*: so a student
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import nbformat
 
-from tfbook import course
+from tfbook.course import release as course
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CH0, CH4, CH7 = "00_setup_and_notation", "04_self_attention", "07_positional_information"
 
 WIN = "prediction = 1 / 3 if ok else 0.9   # 7 points if the attack worked, 6 if not\n"

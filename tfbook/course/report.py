@@ -11,7 +11,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tfbook.course import release
+
+ROOT = Path(__file__).resolve().parents[2]
 MATHJAX = ROOT / "_vendor" / "mathjax"
 EXCERPT = 600  # characters of a test cell's output shown on a feedback page
 
@@ -66,8 +68,6 @@ def feedback_page(row, plan, mathjax_src: str | None) -> str:
 
 
 def write_feedback(rows, masters, plans, root: Path) -> None:
-    from tfbook import course
-
     mathjax_ok = (MATHJAX / "tex-chtml.js").is_file()
     if mathjax_ok and any(r.exercises for r in rows):
         shutil.copytree(MATHJAX, root / "_mathjax", dirs_exist_ok=True)
@@ -75,7 +75,7 @@ def write_feedback(rows, masters, plans, root: Path) -> None:
         if not row.exercises:
             continue
         page = feedback_page(row, plans[row.assignment], "../../_mathjax/tex-chtml.js" if mathjax_ok else None)
-        leaks = course.find_leaks(masters[row.assignment], course.html_text(page), kinds=("hidden",))
+        leaks = release.find_leaks(masters[row.assignment], release.html_text(page), kinds=("hidden",))
         if leaks:  # defence in depth: never hand out a page that shows hidden tests
             row.reason = "; ".join(filter(None, [row.reason, "feedback withheld (it showed test code)"]))
             continue

@@ -6,13 +6,13 @@ For each submission (student, assignment) the grader
    student's code cells in order, each test cell replaced by the master's visible test
    (an edited test cell is reported; a deleted one is put back after its answer; a
    duplicated one runs once and the copy is named in the reason);
-2. runs :mod:`tfbook.course_driver` on it in a sandbox (:mod:`tfbook.course_sandbox`),
+2. runs :mod:`tfbook.course.driver` on it in a sandbox (:mod:`tfbook.course.sandbox`),
    supervising every cell's time from outside: a cell that does not stop when it is
    interrupted, or that crashes the process, is skipped on a fresh run, so it costs only
    the points of what it breaks;
 3. sends the sandbox the inputs of the hidden cases only after its visible phase ended,
    receives the student's outputs as plain data, and has the judge
-   (:mod:`tfbook.course_judge`) run the master's tests on them in another process that
+   (:mod:`tfbook.course.judge`) run the master's tests on them in another process that
    never runs student code.
 
 Submissions are graded ``--jobs`` at a time (default: the number of cores).
@@ -42,11 +42,12 @@ from pathlib import Path
 
 import nbformat
 
-from tfbook import course_judge as judge_mod
-from tfbook import course_sandbox as sandbox
-from tfbook.course_wire import Undecodable, decode
+from tfbook.course import judge as judge_mod
+from tfbook.course import report
+from tfbook.course import sandbox
+from tfbook.course.wire import Undecodable, decode
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CSV_FIELDS = ["student", "assignment", "score", "max_score", "status", "reason"]
 GRACE = 3.0  # seconds a cell gets after its time-out interrupt before the sandbox is killed
 MAX_ATTEMPTS = 3  # runs of one submission (each skips the cells that hung or crashed before)
@@ -183,7 +184,7 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, deadline
     # in the sandbox, stderr stays the grader's log file (bounded by RLIMIT_FSIZE)
     job = {**job, "log": None if use_bwrap else f"{inside}/driver.log"}
     (scratch / "job.json").write_text(json.dumps(job), encoding="utf-8")
-    argv = [sys.executable, "-m", "tfbook.course_driver", f"{inside}/job.json"]
+    argv = [sys.executable, "-m", "tfbook.course.driver", f"{inside}/job.json"]
     if use_bwrap:
         files = {"job.json": scratch / "job.json"}
         files.update({f".matplotlib/{f.name}": f for f in sandbox.font_caches()})
@@ -367,7 +368,7 @@ class JudgeProxy:
     def _start(self) -> None:
         env = {**os.environ, "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1",
                "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "tfbook.course_judge", *self.args],
+        self.proc = subprocess.Popen([sys.executable, "-m", "tfbook.course.judge", *self.args],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, env=env, cwd=str(ROOT),
                                      preexec_fn=_judge_limits)
@@ -563,6 +564,36 @@ def _cell_label(cell: dict | None, sub, index) -> str:
     return "a cell"
 
 
+# --------------------------------------------------------------------------- finding submissions
+
+
+def _find_submission(folder: Path, assignment: str) -> tuple[Path | None, str]:
+    exact = folder / f"{assignment}.ipynb"
+    if exact.is_file():
+        return exact, ""
+    others = sorted(p for p in folder.glob("*.ipynb") if p.is_file())
+    if len(others) == 1:
+        return others[0], f"notebook named {others[0].name}, graded as {assignment}.ipynb"
+    return None, f"no {assignment}.ipynb in {folder.name}/"
+
+
+def _readable(path: Path) -> str:
+    """'' if ``path`` is a notebook nbgrader can read, else why not."""
+    data = path.read_bytes()
+    if not data.strip():
+        return "empty file"
+    try:
+        nb = nbformat.reads(data.decode("utf-8"), as_version=4)
+    except UnicodeDecodeError:
+        return "not UTF-8 text"
+    except Exception as exc:  # json.JSONDecodeError, nbformat validation, ...
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return f"not a notebook ({type(exc).__name__}: {first[:120]})"
+    if not isinstance(nb.get("cells"), list):
+        return "not a notebook (no cells)"
+    return ""
+
+
 # --------------------------------------------------------------------------- the batch
 
 
@@ -582,8 +613,6 @@ def grade(submissions: Path, out: Path = ROOT / "_build" / "grades", timeout: fl
           verbose: bool = True, jobs: int | None = None, specs: Path = judge_mod.SPECS,
           use_sandbox: bool | None = None, limits: sandbox.Limits | None = None) -> list[Row]:
     """Grade every ``submissions/<student>/<assignment>/<assignment>.ipynb``; return the rows."""
-    from tfbook import course
-
     submissions, out = Path(submissions), Path(out)
     if not submissions.is_dir():
         raise ValueError(f"SUBMISSIONS_DIR {submissions} is not a folder")
@@ -625,11 +654,11 @@ def grade(submissions: Path, out: Path = ROOT / "_build" / "grades", timeout: fl
                 masters[a] = nbformat.read(str(master_path), as_version=4)
                 plans[a] = judge_mod.plan(masters[a], a)
             row.max_score = plans[a].max_score
-            path, note = course._find_submission(folder, a)
+            path, note = _find_submission(folder, a)
             if path is None:
                 row.status, row.reason = "missing", note
                 continue
-            problem = course._readable(path)
+            problem = _readable(path)
             if problem:
                 row.status, row.reason = "unreadable", problem
                 continue
@@ -667,18 +696,16 @@ def grade(submissions: Path, out: Path = ROOT / "_build" / "grades", timeout: fl
     if warning:
         for r in rows:
             r.reason = "; ".join(filter(None, [warning, r.reason]))
-    from tfbook import course_report
-
-    course_report.write_feedback(rows, masters, plans, out / "feedback")
+    report.write_feedback(rows, masters, plans, out / "feedback")
     with open(out / "grades.csv", "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(CSV_FIELDS)
         for r in rows:
             writer.writerow([r.student, r.assignment, f"{r.score:g}", f"{r.max_score:g}", r.status,
                              r.reason])
-    course_report.write_exercise_table(rows, plans, out)
+    report.write_exercise_table(rows, plans, out)
     if verbose:
-        course_report.print_summary(rows, time.perf_counter() - start, warning, judged)
+        report.print_summary(rows, time.perf_counter() - start, warning, judged)
     return rows
 
 

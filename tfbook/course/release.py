@@ -1,35 +1,14 @@
-"""Instructor and student commands for the graded exercises (offline).
-
-    python -m tfbook.course release [--out DIR] [NOTEBOOK ...]
-    python -m tfbook.course grade SUBMISSIONS_DIR [--out DIR] [--timeout S] [--jobs N]
-    python -m tfbook.course check NOTEBOOK
+"""``python -m tfbook.course release``: student notebooks from the chapter notebooks, and
+what the rest of the grader needs to know about notebooks (secret regions, leaks, scores).
 
 ``release`` turns each chapter notebook (the nbgrader "source" notebook; the
 assignment name is the notebook stem) into a student notebook without solutions,
 hidden tests or test markers, with nbgrader's ``generate_assignment``, in
 ``_build/release/<stem>/<stem>.ipynb``, and verifies that nothing secret leaked.
-
-``grade`` reads submissions laid out as ``SUBMISSIONS_DIR/<student>/<assignment>/
-<assignment>.ipynb`` (only ever reading them) and grades each in its own sandbox,
-judging the results outside it (:mod:`tfbook.course_grade`, :mod:`tfbook.course_sandbox`,
-:mod:`tfbook.course_judge`). It writes ``grades.csv`` (student, assignment, score,
-max_score, status, reason), ``exercises.csv``/``exercises.png`` and
-``feedback/<student>/<assignment>/<assignment>.html`` into ``_build/grades``. A broken
-submission becomes a row with a status and a reason; it never stops the batch.
-
-Statuses: ``graded``; ``timeout`` (a cell was interrupted, or skipped because it did
-not stop; the rest was graded); ``crashed`` (a cell crashed the process; the notebook
-was graded again without it); ``unreadable`` (not a notebook: empty file, corrupt
-JSON); ``missing`` (no notebook in the folder); ``error`` (the grader could not judge
-it; the reason says why); ``unknown-assignment`` (no chapter notebook of that name).
-
-``check`` runs a notebook's visible tests on the student's machine and prints the same
-messages the grader's feedback shows.
 """
 
 from __future__ import annotations
 
-import argparse
 import html
 import os
 import re
@@ -41,7 +20,7 @@ from pathlib import Path
 
 import nbformat
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 CONFIG = ROOT / "course" / "nbgrader_config.py"
 SOLUTION_BEGIN, SOLUTION_END = "### BEGIN SOLUTION", "### END SOLUTION"
@@ -285,7 +264,7 @@ _TEST_MARKER = re.compile(r"^\s*#\s*NBVAL_[A-Z_]+\s*$")
 def strip_test_markers(nb):
     """Remove the test suite's ``# NBVAL_...`` comment lines and the Colab install snippet
     (it names the repository, which holds the solutions) from every code cell (in place)."""
-    from ._colab import strip_snippet
+    from tfbook._colab import strip_snippet
 
     for cell in nb.cells:
         if cell.cell_type == "code":
@@ -322,109 +301,3 @@ def release(notebooks: list[Path] | None = None, out: Path = ROOT / "_build" / "
                       "no hidden tests)")
         _APIS.pop(course, None)
     return written
-
-
-# --------------------------------------------------------------------------- grade
-
-
-def _find_submission(folder: Path, assignment: str) -> tuple[Path | None, str]:
-    exact = folder / f"{assignment}.ipynb"
-    if exact.is_file():
-        return exact, ""
-    others = sorted(p for p in folder.glob("*.ipynb") if p.is_file())
-    if len(others) == 1:
-        return others[0], f"notebook named {others[0].name}, graded as {assignment}.ipynb"
-    return None, f"no {assignment}.ipynb in {folder.name}/"
-
-
-def _readable(path: Path) -> str:
-    """'' if ``path`` is a notebook nbgrader can read, else why not."""
-    data = path.read_bytes()
-    if not data.strip():
-        return "empty file"
-    try:
-        nb = nbformat.reads(data.decode("utf-8"), as_version=4)
-    except UnicodeDecodeError:
-        return "not UTF-8 text"
-    except Exception as exc:  # json.JSONDecodeError, nbformat validation, ...
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return f"not a notebook ({type(exc).__name__}: {first[:120]})"
-    if not isinstance(nb.get("cells"), list):
-        return "not a notebook (no cells)"
-    return ""
-
-
-def grade(submissions: Path, out: Path = ROOT / "_build" / "grades", timeout: float = 60,
-          total_timeout: float = 900.0, notebooks_dir: Path = NOTEBOOKS, verbose: bool = True,
-          jobs: int | None = None, **kwargs) -> list:
-    """Grade every ``submissions/<student>/<assignment>/<assignment>.ipynb`` (see
-    :mod:`tfbook.course_grade`); return the rows."""
-    from tfbook import course_grade
-
-    return course_grade.grade(submissions, out=out, timeout=timeout, total_timeout=total_timeout,
-                              notebooks_dir=notebooks_dir, verbose=verbose, jobs=jobs, **kwargs)
-
-
-# --------------------------------------------------------------------------- command line
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tfbook.course", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    p_rel = sub.add_parser("release", help="build student notebooks from the chapter notebooks")
-    p_rel.add_argument("notebooks", nargs="*", type=Path,
-                       help="chapter notebooks (default: every notebooks/*.ipynb with graded cells)")
-    p_rel.add_argument("--out", type=Path, default=ROOT / "_build" / "release")
-    p_gr = sub.add_parser("grade", help="autograde a folder of submissions, each in a sandbox")
-    p_gr.add_argument("submissions", type=Path,
-                      help="folder laid out as <student>/<assignment>/<assignment>.ipynb")
-    p_gr.add_argument("--out", type=Path, default=ROOT / "_build" / "grades")
-    p_gr.add_argument("--timeout", type=float, default=60, help="per-cell time limit in seconds (default 60)")
-    p_gr.add_argument("--total-timeout", type=float, default=900.0,
-                      help="limit for one student's whole notebook in seconds (default 900)")
-    p_gr.add_argument("--jobs", "-j", type=int, default=None,
-                      help="submissions graded at once (default: the number of cores)")
-    p_gr.add_argument("--memory", type=float, default=4.0,
-                      help="memory limit of a submission in GiB (default 4)")
-    p_gr.add_argument("--no-sandbox", action="store_true",
-                      help="grade without bubblewrap (UNSAFE: student code gets your rights)")
-    p_ch = sub.add_parser("check", help="run a notebook's visible tests here, as the grader would")
-    p_ch.add_argument("notebook", type=Path)
-    p_ch.add_argument("--timeout", type=float, default=60)
-    args = parser.parse_args(argv)
-    start = time.perf_counter()
-    try:
-        if args.command == "release":
-            written = release(args.notebooks or None, out=args.out)
-            print(f"released {len(written)} notebook(s) to {args.out} in {time.perf_counter() - start:.1f} s")
-        elif args.command == "check":
-            from tfbook import course_grade
-
-            failed = course_grade.check_notebook(args.notebook, timeout=args.timeout)
-            print("all visible checks passed" if not failed else f"{failed} test cell(s) failed")
-            return 1 if failed else 0
-        else:
-            from tfbook import course_grade, course_sandbox
-
-            if args.jobs is not None and args.jobs < 1:
-                parser.error("--jobs must be at least 1")
-            if not args.no_sandbox and course_sandbox.available():
-                print(f"bubblewrap: {course_sandbox.available()}; trying apt-get install bubblewrap",
-                      file=sys.stderr)
-                course_sandbox.install_bwrap()
-            limits = course_sandbox.Limits(memory_bytes=int(args.memory * 2**30),
-                                           cpu_seconds=int(args.total_timeout) + 30)
-            rows = course_grade.grade(args.submissions, out=args.out, timeout=args.timeout,
-                                      total_timeout=args.total_timeout, jobs=args.jobs,
-                                      use_sandbox=False if args.no_sandbox else None, limits=limits)
-            print(f"graded {len(rows)} submission(s) in {time.perf_counter() - start:.1f} s: "
-                  f"{args.out / 'grades.csv'}, {args.out / 'exercises.csv'}, feedback in "
-                  f"{args.out / 'feedback'}")
-    except (ValueError, RuntimeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

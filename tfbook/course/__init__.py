@@ -1,0 +1,43 @@
+"""Instructor and student commands for the graded exercises (offline).
+
+    python -m tfbook.course release [--out DIR] [NOTEBOOK ...]
+    python -m tfbook.course grade SUBMISSIONS_DIR [--out DIR] [--timeout S] [--jobs N]
+    python -m tfbook.course check NOTEBOOK
+
+``release`` turns each chapter notebook (the nbgrader "source" notebook; the
+assignment name is the notebook stem) into a student notebook without solutions,
+hidden tests or test markers, with nbgrader's ``generate_assignment``, in
+``_build/release/<stem>/<stem>.ipynb``, and verifies that nothing secret leaked.
+
+``grade`` reads submissions laid out as ``SUBMISSIONS_DIR/<student>/<assignment>/
+<assignment>.ipynb`` (only ever reading them) and grades each in its own sandbox,
+judging the results outside it (:mod:`tfbook.course.grade`, :mod:`tfbook.course.sandbox`,
+:mod:`tfbook.course.judge`). It writes ``grades.csv`` (student, assignment, score,
+max_score, status, reason), ``exercises.csv``/``exercises.png`` and
+``feedback/<student>/<assignment>/<assignment>.html`` into ``_build/grades``. A broken
+submission becomes a row with a status and a reason; it never stops the batch.
+
+Statuses: ``graded``; ``timeout`` (a cell was interrupted, or skipped because it did
+not stop; the rest was graded); ``crashed`` (a cell crashed the process; the notebook
+was graded again without it); ``unreadable`` (not a notebook: empty file, corrupt
+JSON); ``missing`` (no notebook in the folder); ``error`` (the grader could not judge
+it; the reason says why); ``unknown-assignment`` (no chapter notebook of that name).
+
+``check`` runs a notebook's visible tests on the student's machine and prints the same
+messages the grader's feedback shows.
+
+The package (the grader is a product of its own, beside the book's components, which never
+import it; its modules import each other in one direction only):
+
+- :mod:`tfbook.course.wire`: the plain-data format between a sandbox and the grader;
+- :mod:`tfbook.course.sandbox`: bubblewrap and the limits a submission runs under;
+- :mod:`tfbook.course.driver`: runs one submission inside its sandbox (wire);
+- :mod:`tfbook.course.judge`: the master's tests replayed on a student's results (wire);
+- :mod:`tfbook.course.release`: student notebooks, secret regions, leak checks;
+- :mod:`tfbook.course.report`: feedback pages, the per-exercise table, the console (release);
+- :mod:`tfbook.course.grade`: the batch (judge, sandbox, wire, report, release);
+- :mod:`tfbook.course.demo`: a generated class that attacks the grader (release);
+- ``python -m tfbook.course`` (``__main__``): the command line (release, grade, sandbox).
+"""
+
+__all__ = ["wire", "sandbox", "driver", "judge", "release", "report", "grade", "demo"]

@@ -1,0 +1,71 @@
+"""``python -m tfbook.course``: the command line (see :mod:`tfbook.course`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from tfbook.course import __doc__ as course_doc
+from tfbook.course import grade, release, sandbox
+
+ROOT = release.ROOT
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tfbook.course", description=course_doc.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_rel = sub.add_parser("release", help="build student notebooks from the chapter notebooks")
+    p_rel.add_argument("notebooks", nargs="*", type=Path,
+                       help="chapter notebooks (default: every notebooks/*.ipynb with graded cells)")
+    p_rel.add_argument("--out", type=Path, default=ROOT / "_build" / "release")
+    p_gr = sub.add_parser("grade", help="autograde a folder of submissions, each in a sandbox")
+    p_gr.add_argument("submissions", type=Path,
+                      help="folder laid out as <student>/<assignment>/<assignment>.ipynb")
+    p_gr.add_argument("--out", type=Path, default=ROOT / "_build" / "grades")
+    p_gr.add_argument("--timeout", type=float, default=60, help="per-cell time limit in seconds (default 60)")
+    p_gr.add_argument("--total-timeout", type=float, default=900.0,
+                      help="limit for one student's whole notebook in seconds (default 900)")
+    p_gr.add_argument("--jobs", "-j", type=int, default=None,
+                      help="submissions graded at once (default: the number of cores)")
+    p_gr.add_argument("--memory", type=float, default=4.0,
+                      help="memory limit of a submission in GiB (default 4)")
+    p_gr.add_argument("--no-sandbox", action="store_true",
+                      help="grade without bubblewrap (UNSAFE: student code gets your rights)")
+    p_ch = sub.add_parser("check", help="run a notebook's visible tests here, as the grader would")
+    p_ch.add_argument("notebook", type=Path)
+    p_ch.add_argument("--timeout", type=float, default=60)
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    try:
+        if args.command == "release":
+            written = release.release(args.notebooks or None, out=args.out)
+            print(f"released {len(written)} notebook(s) to {args.out} in {time.perf_counter() - start:.1f} s")
+        elif args.command == "check":
+            failed = grade.check_notebook(args.notebook, timeout=args.timeout)
+            print("all visible checks passed" if not failed else f"{failed} test cell(s) failed")
+            return 1 if failed else 0
+        else:
+            if args.jobs is not None and args.jobs < 1:
+                parser.error("--jobs must be at least 1")
+            if not args.no_sandbox and sandbox.available():
+                print(f"bubblewrap: {sandbox.available()}; trying apt-get install bubblewrap",
+                      file=sys.stderr)
+                sandbox.install_bwrap()
+            limits = sandbox.Limits(memory_bytes=int(args.memory * 2**30),
+                                           cpu_seconds=int(args.total_timeout) + 30)
+            rows = grade.grade(args.submissions, out=args.out, timeout=args.timeout,
+                                      total_timeout=args.total_timeout, jobs=args.jobs,
+                                      use_sandbox=False if args.no_sandbox else None, limits=limits)
+            print(f"graded {len(rows)} submission(s) in {time.perf_counter() - start:.1f} s: "
+                  f"{args.out / 'grades.csv'}, {args.out / 'exercises.csv'}, feedback in "
+                  f"{args.out / 'feedback'}")
+    except (ValueError, RuntimeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
