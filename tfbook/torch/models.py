@@ -282,6 +282,86 @@ class DecoderLMConfig:
         V.check_choice("pos", self.pos, ("sinusoidal", "learned"))
 
 
+def _autocast_on(X: torch.Tensor) -> bool:
+    try:
+        return torch.is_autocast_enabled(X.device.type)
+    except TypeError:  # pragma: no cover - torch < 2.4 takes no device type (and means CUDA)
+        return X.is_cuda and torch.is_autocast_enabled()
+
+
+def _affine(X: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """``X @ W + b``. Under autocast this is ``linear(X, W.T, b)`` instead: the bias is added
+    inside the (bf16/fp16) matrix product. Spelled ``X @ W + b`` there, the product is bf16
+    but the float32 bias promotes the sum, and every activation would be written in float32
+    and cast back to bf16 by the next product (an extra elementwise pass, twice the bytes).
+    Without autocast it is the book's ``X @ W + b`` (the same arithmetic as the blocks)."""
+    if b is None:
+        return X @ W
+    if _autocast_on(X):
+        return nn.functional.linear(X, W.T, b)
+    return X @ W + b
+
+
+def _no_hooks(*modules) -> bool:
+    """No forward or backward hook on these modules, nor a global one (hooks add dropout, record
+    inputs...: a module that has one is called as a module, so that the hook runs)."""
+    from torch.nn.modules import module as _m
+
+    if any(getattr(_m, name, None) for name in ("_global_forward_hooks", "_global_forward_pre_hooks",
+                                                 "_global_backward_hooks", "_global_backward_pre_hooks")):
+        return False
+    return not any(getattr(m, name, None) for m in modules
+                   for name in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"))
+
+
+def _causal_block_applies(block) -> bool:
+    """Whether :func:`_causal_block` computes ``block`` (a plain :class:`EncoderBlock`, no hooks)."""
+    from .modules import FeedForward, MultiHeadAttention
+
+    return (type(block) is EncoderBlock and type(block.attn) is MultiHeadAttention
+            and type(block.ffn) is FeedForward and _no_hooks(block, block.attn, block.ffn))
+
+
+def _causal_block(block, X: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``block(X, mask=mask)`` with ``mask`` the causal mask, for :class:`DecoderLM`'s path without ``P``.
+
+    A block that is not a plain :class:`EncoderBlock` (LlamaLM's blocks), or has hooks, is
+    simply called. For a plain one this is the block's computation written out here, with the
+    same parameters and the same operations as :class:`EncoderBlock` (tested bitwise equal on
+    the CPU), and three differences that only the speed sees: attention is PyTorch's fused
+    kernel told ``is_causal=True`` instead of given ``mask`` (``mask`` must be the causal
+    one; it is neither read nor checked, so the fastest kernel, flash attention, may run, and
+    no row of the mask is checked on the host, a GPU-to-CPU synchronisation per layer); the
+    heads are views of one ``(B, T, 3D)`` projection, laid out as nanoGPT lays them out
+    (``(B, H, T, D_h)`` with unit stride in ``D_h``); and under autocast the biases are
+    added inside the products (:func:`_affine`).
+    """
+    if not _causal_block_applies(block):
+        return block(X, mask=mask)
+    attn, ffn = block.attn, block.ffn
+    H, D = attn.num_heads, attn.d_model
+
+    def attention(Y):
+        *lead, T, _ = Y.shape
+        W = torch.cat([attn.W_Q, attn.W_K, attn.W_V], dim=1)  # (D, 3D): one product for Q, K, V
+        b = torch.cat([attn.b_Q, attn.b_K, attn.b_V]) if attn.bias else None
+        Q, K, V = (Z.reshape(*lead, T, H, D // H).transpose(-2, -3)  # (B, H, T, D_h), views
+                   for Z in _affine(Y, W, b).split(D, dim=-1))
+        Z = nn.functional.scaled_dot_product_attention(Q, K, V, is_causal=True)  # (B, H, T, D_h)
+        return _affine(Z.transpose(-2, -3).reshape(*lead, T, D), attn.W_O, attn.b_O)  # (B, T, D)
+
+    def mlp(Y):
+        act = nn.functional.gelu if ffn.activation == "gelu" else torch.relu
+        return _affine(act(_affine(Y, ffn.W_1, ffn.b_1)), ffn.W_2, ffn.b_2)
+
+    V.check_last_dim("X", X, D, "d_model")
+    if block.norm_first:
+        X = X + attention(block.norm1(X))
+        return X + mlp(block.norm2(X))
+    X = block.norm1(X + attention(X))
+    return block.norm2(X + mlp(X))
+
+
 class DecoderLM(nn.Module):
     """A decoder-only (GPT-style) language model.
 
@@ -342,7 +422,7 @@ class DecoderLM(nn.Module):
                 X, P = block(X, mask=mask, return_attention=True)
                 attn.append(P)  # (B, H, T, T)
             else:
-                X = block(X, mask=mask)  # fused attention
+                X = _causal_block(block, X, mask)  # = block(X, mask=mask), fused attention told is_causal
         logits = self._unembed(X)
         return (logits, attn) if return_attention else logits
 
