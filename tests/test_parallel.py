@@ -8,6 +8,7 @@ child imports torch, 5-30 s on 2 busy cores). The rest are in-process.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 
 import pytest
@@ -175,3 +176,87 @@ def test_timeout_kills_every_worker():
     with pytest.raises(TimeoutError):
         parallel.run_data_parallel(CFG, world_size=2, timeout=0.2, start_method="spawn")  # cannot import torch in time
     assert not [p for p in multiprocessing.active_children() if p.is_alive()]
+
+
+# ---------------------------------------------------------------------------------------
+# PyTorch's engines under torchrun (one launch of two processes, every scheme; 15-40 s)
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engines():
+    return parallel.run_torchrun(parallel.SCHEMES, CFG, nproc=2, timeout=300)
+
+
+def test_ddp_equals_one_process_and_the_hand_written_all_reduce(engines, runs):
+    ref, hand = runs
+    for r in engines:
+        d = r["ddp"]
+        for n, g in ref["grads"].items():
+            torch.testing.assert_close(d["grads"][n], g, atol=1e-12, rtol=0, msg=n)  # float64 round-off
+            torch.testing.assert_close(d["grads"][n], hand[r["rank"]]["grads"][n], atol=1e-12, rtol=0, msg=n)
+        for n, p in ref["params"].items():
+            torch.testing.assert_close(d["params"][n], p, atol=1e-11, rtol=0, msg=n)
+        assert len(d["buckets"]) >= 3 and sum(b["tensors"] for b in d["buckets"]) == d["num_tensors"]
+        assert sum(b["numel"] for b in d["buckets"]) == sum(g.numel() for g in ref["grads"].values())
+        assert d["overlap"]  # the first bucket left before the last gradient was computed
+        assert d["no_sync_sent"] == 0 and d["no_sync_buckets_after"] >= 1  # nothing sent under no_sync
+        for n, g in ref["grads"].items():  # two micro-batches under no_sync = the whole batch
+            torch.testing.assert_close(d["no_sync_grads"][n], g, atol=1e-12, rtol=0, msg=n)
+
+
+def test_zero1_and_fsdp_train_as_one_process_with_sharded_state(engines):
+    ref = parallel.single_process_adamw(CFG)
+    n_theta = sum(p.numel() for p in ref["params"].values())
+    owned = [r["zero1"]["owned_numel"] for r in engines]
+    assert sum(owned) == n_theta and max(owned) < n_theta
+    for r in engines:
+        for scheme in ("zero1", "fsdp"):
+            for n, p in ref["params"].items():  # Adam divides by sqrt(v): round-off of 1e-16 grows to ~1e-12
+                torch.testing.assert_close(r[scheme]["params"][n], p, atol=1e-10, rtol=0, msg=f"{scheme} {n}")
+        z, f = r["zero1"], r["fsdp"]
+        assert z["state_bytes"] == 2 * 8 * z["owned_numel"]  # exp_avg and exp_avg_sq of its own parameters
+        assert z["param_bytes"] == z["grad_bytes"] == 8 * n_theta  # ZeRO-1 keeps these whole
+        local = sum(f["local_numel"].values())
+        bound = sum(math.ceil(s[0] / 2) * math.prod(s[1:]) for s in f["shapes"].values())
+        assert local <= bound and f["param_bytes"] == f["grad_bytes"] == 8 * local
+        assert f["state_bytes"] == 2 * 8 * local
+    assert sum(sum(r["fsdp"]["local_numel"].values()) for r in engines) == n_theta
+
+
+def test_tensor_parallel_block_equals_the_whole_block(engines):
+    block, X = parallel.tp_data(CFG)
+    X.requires_grad_(True)
+    G = torch.randn((2, CFG.block_size, CFG.d_model), dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    Y = block(X)
+    Y.backward(G)
+    for r in engines:
+        t = r["tp"]
+        torch.testing.assert_close(t["Y"], Y, atol=1e-12, rtol=0)
+        torch.testing.assert_close(t["dX"], X.grad, atol=1e-12, rtol=0)
+        for n, p in block.named_parameters():
+            torch.testing.assert_close(t["grads"][n], p.grad, atol=1e-12, rtol=0, msg=n)
+        assert t["local_numel"]["attn_q.weight"] * 2 == block.attn_q.weight.numel()
+        assert t["comm_forward"] == {"c10d_functional.all_reduce": 2}
+        assert t["comm_backward"] == {"c10d_functional.all_reduce": 4}
+
+
+def test_ring_attention_equals_full_attention_without_holding_the_sequence(engines):
+    Q, K, V = parallel.ring_data(CFG)
+    full = {"Z": F.scaled_dot_product_attention(Q, K, V, is_causal=True),
+            "Z_noncausal": F.scaled_dot_product_attention(Q, K, V)}
+    for r in engines:
+        lo, hi = r["ring"]["rows"]
+        assert hi - lo == CFG.attn_T // 2 and r["ring"]["rows_held"] < CFG.attn_T
+        for key, Z in full.items():
+            torch.testing.assert_close(r["ring"][key], Z[..., lo:hi, :], atol=1e-12, rtol=0, msg=key)
+
+
+def test_run_torchrun_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="schemes"):
+        parallel.run_torchrun(["pipeline"])
+    with pytest.raises(ValueError, match="nproc"):
+        parallel.run_torchrun(["ddp"], nproc=0)
+    cmd = parallel.torchrun_command(["ddp", "tp"], "/tmp/x", CFG, nproc=2)
+    assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    assert cmd[cmd.index("--schemes") + 1] == "ddp,tp"

@@ -49,6 +49,15 @@ __all__ = [
     "run_context_parallel",
     "accumulate_gradients",
     "default_start_method",
+    "SCHEMES",
+    "run_torchrun",
+    "torchrun_command",
+    "single_process_adamw",
+    "ring_attention",
+    "ring_data",
+    "MegatronBlock",
+    "tp_plan",
+    "tp_data",
 ]
 
 
@@ -409,7 +418,392 @@ def accumulate_gradients(model, x: torch.Tensor, y: torch.Tensor, micro_batches:
         (_loss(model, xs, ys) / micro_batches).backward()
 
 
+# ---------------------------------------------------------------------------------------
+# PyTorch's own engines, launched by torchrun (chapter 18): one script, every scheme
+# ---------------------------------------------------------------------------------------
+
+SCHEMES = ("ddp", "zero1", "fsdp", "tp", "ring")
+
+
+def single_process_adamw(cfg: DPConfig = DPConfig(), lr: float = 0.01, weight_decay: float = 0.1) -> dict:
+    """:func:`single_process_run` with ``torch.optim.AdamW`` instead of SGD (the reference of ZeRO and FSDP)."""
+    model = make_model(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    losses = []
+    for x, y in make_batches(cfg):
+        opt.zero_grad(set_to_none=True)
+        loss = _loss(model, x, y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return {"losses": losses, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+
+
+def _tensor_bytes(ts) -> int:
+    return sum(t.numel() * t.element_size() for t in ts if isinstance(t, torch.Tensor) and t.dim() > 0)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The part of ``t`` this rank stores: a DTensor's local shard, else ``t`` itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _optimizer_state_bytes(opt) -> int:
+    return _tensor_bytes(_local(v) for st in opt.state.values() for v in st.values())
+
+
+def _ddp_scheme(cfg: DPConfig, rank: int, world: int, device) -> dict:
+    """DistributedDataParallel: buckets, overlap with backward, no_sync; SGD as the hand-written worker."""
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = make_model(cfg).to(device)
+    # a small bucket cap (10 kB), so that even this 39 kB model is sent in several buckets
+    ddp = DDP(model, bucket_cap_mb=0.01, device_ids=None if device.type == "cpu" else [device])
+    clock, calls = {}, []
+
+    def hook(state, bucket):  # DDP calls this when a bucket's gradients are all computed
+        calls.append({"t": time.perf_counter(), "numel": bucket.buffer().numel(), "tensors": len(bucket.gradients())})
+        return default_hooks.allreduce_hook(None, bucket)  # divide by world size, all-reduce (async)
+
+    ddp.register_comm_hook(None, hook)
+    # the last gradient autograd computes is that of the position table (used first in forward)
+    model.pos.weight.register_hook(lambda g: clock.__setitem__("last_grad", time.perf_counter()))
+    losses, grads, buckets = [], None, []
+    for step, (x, y) in enumerate(make_batches(cfg)):
+        xs, ys = shard(x, rank, world).to(device), shard(y, rank, world).to(device)
+        ddp.zero_grad(set_to_none=True)
+        calls.clear()
+        loss = _loss(ddp, xs, ys)
+        loss.backward()
+        if grads is None:
+            grads = {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters()}
+        if step == 1:  # after the first step DDP rebuilds its buckets in the order gradients became ready
+            buckets = [{k: c[k] for k in ("numel", "tensors")} for c in calls]
+            overlap = calls[0]["t"] < clock["last_grad"]  # a bucket was sent before backward had finished
+        _sgd_step(model, cfg.lr)
+        losses.append(loss.item())
+    # no_sync: gradient accumulation over 2 micro-batches, one all-reduce per step instead of 2
+    acc = make_model(cfg).to(device)
+    ddp2 = DDP(acc, bucket_cap_mb=0.01, device_ids=None if device.type == "cpu" else [device])
+    counted = []
+
+    def counting_hook(state, bucket):
+        counted.append(bucket.buffer().numel())
+        return default_hooks.allreduce_hook(None, bucket)
+
+    ddp2.register_comm_hook(None, counting_hook)
+    x, y = make_batches(cfg)[0]
+    xs, ys = shard(x, rank, world).to(device), shard(y, rank, world).to(device)
+    half = xs.shape[0] // 2
+    with ddp2.no_sync():  # gradients accumulate locally, nothing is sent
+        (_loss(ddp2, xs[:half], ys[:half]) / 2).backward()
+    sent_in_no_sync = len(counted)
+    (_loss(ddp2, xs[half:], ys[half:]) / 2).backward()  # this backward all-reduces the sum
+    # one flattened all-reduce against one per tensor (what the hand-written worker does)
+    ts = [p.detach().clone() for p in model.parameters()]
+    per_tensor, flat = [], []
+    for _ in range(10):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for t in ts:
+            dist.all_reduce(t)
+        per_tensor.append(time.perf_counter() - t0)
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(torch.cat([t.flatten() for t in ts]))
+        flat.append(time.perf_counter() - t0)
+    return {"losses": losses, "grads": grads,
+            "params": {n: p.detach().cpu().clone() for n, p in model.named_parameters()},
+            "buckets": buckets, "overlap": overlap,
+            "no_sync_sent": sent_in_no_sync, "no_sync_buckets_after": len(counted) - sent_in_no_sync,
+            "no_sync_grads": {n: p.grad.detach().cpu().clone() for n, p in acc.named_parameters()},
+            "allreduce_per_tensor_s": sorted(per_tensor)[len(per_tensor) // 2],
+            "allreduce_flat_s": sorted(flat)[len(flat) // 2], "num_tensors": len(ts)}
+
+
+def _zero1_scheme(cfg: DPConfig, rank: int, world: int, device, lr=0.01, weight_decay=0.1) -> dict:
+    """ZeRO stage 1: DDP for the gradients, AdamW's state sharded by ZeroRedundancyOptimizer."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = make_model(cfg).to(device)
+    ddp = DDP(model, device_ids=None if device.type == "cpu" else [device])
+    opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=lr,
+                                  weight_decay=weight_decay)
+    for x, y in make_batches(cfg):
+        opt.zero_grad(set_to_none=True)
+        _loss(ddp, shard(x, rank, world).to(device), shard(y, rank, world).to(device)).backward()
+        opt.step()  # each rank updates its own parameters, then broadcasts them to the others
+    owned = sum(p.numel() for p in opt.optim.param_groups[0]["params"])
+    return {"params": {n: p.detach().cpu().clone() for n, p in model.named_parameters()},
+            "owned_numel": owned, "state_bytes": _optimizer_state_bytes(opt.optim),
+            "param_bytes": _tensor_bytes(model.parameters()),
+            "grad_bytes": _tensor_bytes(p.grad for p in model.parameters() if p.grad is not None)}
+
+
+def _fsdp_scheme(cfg: DPConfig, rank: int, world: int, device, lr=0.01, weight_decay=0.1) -> dict:
+    """FSDP2 (``fully_shard``): parameters, gradients and AdamW's state all sharded (ZeRO stage 3)."""
+    from torch.distributed.fsdp import fully_shard
+
+    model = make_model(cfg).to(device)
+    for block in model.blocks:
+        fully_shard(block)  # each block gathers its parameters just before it runs, frees them after
+    fully_shard(model)  # the rest: embeddings, final norm
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    for x, y in make_batches(cfg):
+        opt.zero_grad(set_to_none=True)
+        _loss(model, shard(x, rank, world).to(device), shard(y, rank, world).to(device)).backward()
+        opt.step()
+    local = {n: _local(p).numel() for n, p in model.named_parameters()}
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    return {"params": {n: p.full_tensor().detach().cpu().clone() for n, p in model.named_parameters()},
+            "local_numel": local, "shapes": shapes,
+            "param_bytes": _tensor_bytes(_local(p) for p in model.parameters()),
+            "grad_bytes": _tensor_bytes(_local(p.grad) for p in model.parameters() if p.grad is not None),
+            "state_bytes": _optimizer_state_bytes(opt)}
+
+
+class MegatronBlock(torch.nn.Module):
+    """A Pre-LN transformer block with ``nn.Linear`` projections (what DTensor's parallel styles shard).
+
+    ``attn_q, attn_k, attn_v (D -> D)``, ``attn_o (D -> D)``, ``mlp_up (D -> 4D)``, ``mlp_down (4D -> D)``.
+    The number of heads a rank computes is read off the width of its ``attn_q`` output, so the
+    same code runs whole (all ``H`` heads) and column-sharded (``H / N_w`` heads per rank).
+    """
+
+    def __init__(self, d_model: int, num_heads: int):
+        super().__init__()
+        D = d_model
+        self.head_dim = D // num_heads
+        self.norm1, self.norm2 = torch.nn.LayerNorm(D), torch.nn.LayerNorm(D)
+        self.attn_q, self.attn_k, self.attn_v, self.attn_o = (torch.nn.Linear(D, D) for _ in range(4))
+        self.mlp_up, self.mlp_down = torch.nn.Linear(D, 4 * D), torch.nn.Linear(4 * D, D)
+
+    def forward(self, X):
+        B, T, _ = X.shape
+        Y = self.norm1(X)
+        q, k, v = (lin(Y) for lin in (self.attn_q, self.attn_k, self.attn_v))  # (B, T, D or D / N_w)
+        h = q.shape[-1] // self.head_dim  # the heads this rank holds
+        q, k, v = (z.view(B, T, h, self.head_dim).transpose(1, 2) for z in (q, k, v))
+        Z = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        X = X + self.attn_o(Z.transpose(1, 2).reshape(B, T, h * self.head_dim))
+        return X + self.mlp_down(torch.nn.functional.gelu(self.mlp_up(self.norm2(X))))
+
+
+def tp_plan():
+    """Megatron's split as DTensor styles: Q, K, V and the MLP's first layer by columns (whole
+    heads, whole hidden units per rank), the output projections by rows (their sum is all-reduced)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {"attn_q": ColwiseParallel(), "attn_k": ColwiseParallel(), "attn_v": ColwiseParallel(),
+            "attn_o": RowwiseParallel(), "mlp_up": ColwiseParallel(), "mlp_down": RowwiseParallel()}
+
+
+def tp_data(cfg: DPConfig):
+    """The tensor-parallel check's block (float64, seeded) and input ``(2, block_size, d_model)``."""
+    torch.manual_seed(cfg.seed + 7)
+    block = MegatronBlock(cfg.d_model, cfg.num_heads).double()
+    X = torch.randn(2, cfg.block_size, cfg.d_model, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    return block, X
+
+
+def _tp_scheme(cfg: DPConfig, rank: int, world: int, device) -> dict:
+    """Tensor parallelism: one block split Megatron-style over the ranks; outputs, gradients, collectives."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.debug import CommDebugMode
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    mesh = init_device_mesh(device.type, (world,))
+    block, X = tp_data(cfg)
+    block, X = block.to(device), X.to(device).requires_grad_(True)
+    parallelize_module(block, mesh, tp_plan())
+    G = torch.randn((2, cfg.block_size, cfg.d_model), dtype=torch.float64,
+                    generator=torch.Generator().manual_seed(9)).to(device)  # dL/dY of a random linear loss
+    comm = CommDebugMode()  # counts the collectives DTensor issues
+    with comm:
+        Y = block(X)
+        fwd = {str(k): v for k, v in comm.get_comm_counts().items()}
+        Y.backward(G)
+        total = {str(k): v for k, v in comm.get_comm_counts().items()}
+    bwd = {k: v - fwd.get(k, 0) for k, v in total.items() if v - fwd.get(k, 0)}
+    return {"Y": Y.detach().cpu(), "dX": X.grad.detach().cpu(),
+            "grads": {n: p.grad.full_tensor().detach().cpu() if hasattr(p.grad, "full_tensor") else p.grad.detach().cpu()
+                      for n, p in block.named_parameters()},
+            "local_numel": {n: _local(p).numel() for n, p in block.named_parameters()},
+            "comm_forward": fwd, "comm_backward": bwd}
+
+
+def ring_data(cfg: DPConfig, heads: int = 2):
+    """Queries, keys, values ``(heads, attn_T, attn_D)`` of the ring-attention check (float64, seeded)."""
+    g = torch.Generator().manual_seed(3000 + cfg.seed)
+    return tuple(torch.randn(heads, cfg.attn_T, cfg.attn_D, generator=g, dtype=torch.float64) for _ in range(3))
+
+
+def ring_attention(q, k, v, rank: int, world: int, causal: bool = True, chunks: int = 4):
+    """Attention of this rank's queries over the whole sequence; no rank ever holds the whole sequence.
+
+    The sequence is cut into ``world`` equal blocks of ``n`` positions; rank ``r`` holds block
+    ``r`` of the queries, keys and values (``q, k, v (..., n, D)``). For ``world`` rounds it
+    folds the key/value block it holds into its online-softmax state (chapter 17) and passes
+    the block on to rank ``r + 1`` while receiving rank ``r - 1``'s. The passing goes in
+    ``chunks`` pieces of ``n / chunks`` rows: a piece is sent once it has been used and the
+    incoming piece takes its place, so a rank holds ``n + n / chunks`` key/value rows at most,
+    fewer than the ``2 n`` of sending the block whole (which is the whole sequence when
+    ``world = 2``). With ``causal``, blocks of later ranks are passed on unused and the own
+    block gets the causal mask. Returns ``(Z, rows_held)``: the output rows of this rank's
+    queries and the most key/value rows this rank held at once.
+    """
+    import torch.distributed as dist
+
+    n = q.shape[-2]
+    if n % chunks:
+        raise ValueError(f"a block of {n} rows does not split into chunks={chunks} pieces")
+    c = n // chunks
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    m = torch.full(q.shape[:-1] + (1,), -math.inf, dtype=q.dtype, device=q.device)
+    l = torch.zeros_like(m)
+    acc = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)
+    kv = torch.cat([k, v], dim=-1)  # (..., n, D_K + D_V): the block this rank holds now
+    incoming = torch.empty_like(kv[..., :c, :])  # one piece of the next block
+    rows_held = kv.shape[-2] + incoming.shape[-2]
+    i_q = torch.arange(n, device=q.device)[:, None]
+    for step in range(world):
+        src = (rank - step) % world  # the rank whose block this is
+        for j in range(chunks):
+            piece = kv[..., j * c:(j + 1) * c, :]
+            if not (causal and src > rank):  # a later rank's block is entirely in the future
+                kb, vb = piece[..., :k.shape[-1]], piece[..., k.shape[-1]:]
+                S = (q @ kb.transpose(-1, -2)) * scale  # (..., n, c)
+                if causal and src == rank:  # key position j * c + t may be seen by queries i >= it
+                    S = S.masked_fill(torch.arange(j * c, (j + 1) * c, device=q.device)[None, :] > i_q, -math.inf)
+                m_new = torch.maximum(m, S.amax(dim=-1, keepdim=True))
+                m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # rows that saw nothing yet
+                E = torch.exp(S - m_safe)
+                alpha = torch.exp(m - m_safe)
+                l = alpha * l + E.sum(dim=-1, keepdim=True)
+                acc = alpha * acc + E @ vb
+                m = m_new
+            if step < world - 1:  # pass this piece on, take the previous rank's piece in its place
+                reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, piece.contiguous(), (rank + 1) % world),
+                                               dist.P2POp(dist.irecv, incoming, (rank - 1) % world)])
+                for r in reqs:
+                    r.wait()
+                kv[..., j * c:(j + 1) * c, :] = incoming
+    return acc / l, rows_held
+
+
+def _ring_scheme(cfg: DPConfig, rank: int, world: int, device) -> dict:
+    Q, K, V = ring_data(cfg)
+    if cfg.attn_T % world:
+        raise ValueError(f"attn_T={cfg.attn_T} does not split into world_size={world} blocks")
+    n = cfg.attn_T // world
+    lo, hi = rank * n, (rank + 1) * n
+    q, k, v = (t[..., lo:hi, :].clone().to(device) for t in (Q, K, V))  # this rank's block only
+    del Q, K, V
+    Z, rows_held = ring_attention(q, k, v, rank, world, causal=True)
+    Z_nc, _ = ring_attention(q, k, v, rank, world, causal=False)
+    return {"Z": Z.cpu(), "Z_noncausal": Z_nc.cpu(), "rows": (lo, hi), "rows_held": rows_held}
+
+
+_SCHEME_FNS = {"ddp": _ddp_scheme, "zero1": _zero1_scheme, "fsdp": _fsdp_scheme, "tp": _tp_scheme,
+               "ring": _ring_scheme}
+
+
+def _engines_main(argv) -> int:
+    """What ``torchrun ... -m tfbook.parallel --schemes ddp,fsdp --out DIR`` runs on every rank."""
+    import argparse
+    import json
+
+    import torch.distributed as dist
+
+    ap = argparse.ArgumentParser(prog="python -m tfbook.parallel")
+    ap.add_argument("--schemes", required=True, help="comma-separated, from " + ",".join(SCHEMES))
+    ap.add_argument("--out", required=True, help="folder for rank<r>.pt")
+    ap.add_argument("--cfg", default="{}", help="DPConfig fields as JSON")
+    ap.add_argument("--timeout", type=float, default=120.0)
+    args = ap.parse_args(argv)
+    schemes = args.schemes.split(",")
+    unknown = [s for s in schemes if s not in SCHEMES]
+    if unknown:
+        raise ValueError(f"schemes {unknown} are not among {SCHEMES}")
+    cfg = DPConfig(**json.loads(args.cfg))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if torch.cuda.is_available():  # one GPU per process, NCCL between them
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+        torch.set_num_threads(1)
+        lo = _loopback_name()
+        if lo is not None and os.environ.get("MASTER_ADDR", "127.0.0.1") in ("127.0.0.1", "localhost"):
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout))
+    try:
+        out = {"rank": rank, "world_size": world, "backend": backend}
+        for name in schemes:
+            dist.barrier()
+            t0 = time.perf_counter()
+            out[name] = _SCHEME_FNS[name](cfg, rank, world, device)
+            out[name]["seconds"] = time.perf_counter() - t0
+        torch.save(out, Path(args.out) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def torchrun_command(schemes, out_dir, cfg: DPConfig = DPConfig(), nproc: int = 2) -> list[str]:
+    """The command line: ``torchrun --standalone --nproc-per-node N -m tfbook.parallel ...``.
+
+    ``--standalone`` is one machine (a free port on localhost). On several machines, replace it
+    with ``--nnodes M --node-rank k --rdzv-backend c10d --rdzv-endpoint HOST:PORT``: the script
+    is the same.
+    """
+    import json
+
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "-m", "tfbook.parallel", "--schemes", ",".join(schemes), "--out", str(out_dir),
+            "--cfg", json.dumps(asdict(cfg))]
+
+
+def run_torchrun(schemes=SCHEMES, cfg: DPConfig = DPConfig(), nproc: int = 2, timeout: float = 180.0) -> list[dict]:
+    """Run ``schemes`` under ``torchrun`` with ``nproc`` processes (a subprocess); one result dict per rank.
+
+    Raises ``RuntimeError`` with the end of the workers' output if torchrun fails, and
+    ``TimeoutError`` (after killing it) if it takes longer than ``timeout`` seconds.
+    """
+    import subprocess
+
+    schemes = [schemes] if isinstance(schemes, str) else list(schemes)
+    unknown = [s for s in schemes if s not in SCHEMES]
+    if unknown or not schemes:
+        raise ValueError(f"schemes must be a non-empty list from {SCHEMES}, got {schemes!r}")
+    if not (isinstance(nproc, int) and nproc >= 1):
+        raise ValueError(f"nproc must be a positive int, got {nproc!r}")
+    if not isinstance(cfg, DPConfig):
+        raise ValueError(f"cfg must be a DPConfig, got {type(cfg).__name__}")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHELASTIC_ERROR_FILE": ""}
+    root = str(Path(__file__).resolve().parents[1])  # tfbook importable in the workers
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    with tempfile.TemporaryDirectory(prefix="tfbook-torchrun-") as out_dir:
+        cmd = torchrun_command(schemes, out_dir, cfg, nproc)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                                  start_new_session=True)
+        except subprocess.TimeoutExpired as e:
+            raise TimeoutError(f"torchrun did not finish within {timeout:g} s") from e
+        if proc.returncode != 0:
+            ranks = [line for line in proc.stderr.splitlines() if line.startswith("[rank")]
+            raise RuntimeError(f"torchrun failed (exit {proc.returncode}):\n"
+                               + "\n".join((ranks or proc.stderr.splitlines())[-40:]))
+        return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False) for r in range(nproc)]
+
+
 def _main() -> int:  # pragma: no cover - exercised by hand
+    if "--schemes" in sys.argv[1:]:
+        return _engines_main(sys.argv[1:])
     cfg = DPConfig()
     ref = single_process_run(cfg)
     results = run_data_parallel(cfg)
