@@ -76,7 +76,7 @@ PROFILE_B := ATEN_CPU_CAPABILITY=default OPENBLAS_CORETYPE=Sandybridge MKL_CBWR=
 	ONEDNN_MAX_CPU_ISA=SSE41 OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 MKL_NUM_THREADS=2
 # Both runs always happen; the target fails if either failed. The whole suite runs last, so
 # its summary is the last line printed.
-test: $(STAMP) chromium bwrap
+test: $(STAMP) chromium bwrap sevenzip
 	-$(MAKE) --no-print-directory book
 	-$(MAKE) --no-print-directory course-book
 	@status=0; \
@@ -87,7 +87,7 @@ test: $(STAMP) chromium bwrap
 	exit $$status
 
 # The notebooks alone under the second profile (one process with two threads).
-test-profile-b: $(STAMP)
+test-profile-b: $(STAMP) sevenzip
 	$(PROFILE_B) PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -p no:cacheprovider $(NBVAL_FLAGS) notebooks
 
 # ---- graded exercises (see the README, "Graded exercises") -------------------------
@@ -102,6 +102,12 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
 bwrap:
 	command -v bwrap >/dev/null || { $(SUDO) apt-get update -qq && $(APT_INSTALL) bubblewrap; }
+
+# 7-Zip's PPMd, the strongest classical baseline of chapter 13 (tfbook.ngram.compressed_bits):
+# Debian's 7zip package, whose program is 7zz
+.PHONY: sevenzip
+sevenzip:
+	command -v 7zz >/dev/null || { $(SUDO) apt-get update -qq && $(APT_INSTALL) 7zip; }
 
 release: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m tfbook.course release
