@@ -1,7 +1,7 @@
 """Bad-input cases for the modern chapter's components, collected by test_backends_errors.py.
 
 Each case is (name, args, kwargs, message regex), as CASES there; every name in
-``tfbook._numpy_modern.__all__`` has at least one (tests/test_modern_functions.py checks).
+``tfbook.numpy.modern.__all__`` has at least one (tests/test_modern_functions.py checks).
 """
 
 import re

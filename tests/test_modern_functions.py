@@ -1,4 +1,4 @@
-"""The modern decoder's components (tfbook._numpy_modern and its torch twin), cross-checked.
+"""The modern decoder's components (tfbook.numpy.modern and its torch twin), cross-checked.
 
 NumPy == torch (float64), each against PyTorch's built-in (F.rms_norm, F.silu,
 F.gelu(approximate="tanh"), F.scaled_dot_product_attention(enable_gqa=True)) and against a
@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import tfbook._numpy_modern as M
+import tfbook.numpy.modern as M
 import tfbook.numpy as tnp
 from tfbook.torch import functional as TF
 
@@ -250,7 +250,7 @@ def test_gqa_equals_sdpa_enable_gqa(H_kv):
     Z_np, _ = tnp.grouped_query_attention(X.numpy(), X.numpy(), {k: v.numpy() for k, v in p.items()}, H, H_kv,
                                           mask=mask.numpy())
     np.testing.assert_allclose(Z_np, ref, rtol=0, atol=ATOL)
-    from tfbook.torch._functional_modern import _grouped_query_attention
+    from tfbook.torch.functional.modern import _grouped_query_attention
 
     Z_fused, P = _grouped_query_attention(X, X, p, H, H_kv, mask=mask, return_attention=False)
     assert P is None
@@ -284,7 +284,7 @@ def test_gqa_fully_masked_row_gives_zeros():
     mask[2] = False
     Z, P = tnp.grouped_query_attention(X, X, p, 4, 2, mask=mask)
     assert np.all(P[0, :, 2] == 0) and np.all(Z[0, 2] == 0)
-    from tfbook.torch._functional_modern import _grouped_query_attention
+    from tfbook.torch.functional.modern import _grouped_query_attention
 
     Zf, _ = _grouped_query_attention(torch.as_tensor(X), torch.as_tensor(X), _t(p), 4, 2, torch.as_tensor(mask),
                                      return_attention=False)

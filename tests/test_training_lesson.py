@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tfbook.torch import optim as O
+from tfbook.tasks import ablation as O
 
 
 def _by(runs):

@@ -22,6 +22,7 @@ import ast
 import dataclasses
 import difflib
 import importlib
+import importlib.util
 import inspect
 import os
 import pkgutil
@@ -45,13 +46,16 @@ PREFERRED = (
     "tfbook",
     "tfbook.torch.modules", "tfbook.torch.models", "tfbook.torch.training",
     "tfbook.torch.optim", "tfbook.torch.modern",
-    "tfbook.data", "tfbook.bpe", "tfbook.backprop", "tfbook.optim",
+    "tfbook.data", "tfbook.bpe", "tfbook.numpy.backprop", "tfbook.numpy.optim",
     "tfbook.tasks",
-    "tfbook.decoding", "tfbook.positions", "tfbook.efficient", "tfbook.cost",
-    "tfbook.measure", "tfbook.dynamics", "tfbook.parallel", "tfbook.checks",
+    "tfbook.decoding", "tfbook.numpy.positions", "tfbook.numpy.vision", "tfbook.torch.functional.vision",
+    "tfbook.efficient", "tfbook.cost",
+    "tfbook.measure", "tfbook.parallel", "tfbook.checks",
 )
 # Modules that only re-export others: described in the text, not listed.
 AGGREGATES = ("tfbook.torch",)
+# Old paths kept for the chapters that import them (each re-exports a module listed here).
+SHIMS = ("tfbook.backprop", "tfbook.optim", "tfbook.positions", "tfbook.dynamics")
 UNDOCUMENTED = "(undocumented)"
 BOTH = "NumPy and PyTorch"
 COURSE_PREFIX = "tfbook.course"  # the grading tools: one short list, module by module
@@ -406,10 +410,11 @@ def _heading(module_name: str) -> str:
     return f"## {escape(module_name)}"
 
 
-def module_section(module, skip_modules: bool = False) -> list[str]:
+def module_section(module, skip_modules: bool = False, shown: frozenset = frozenset()) -> list[str]:
     names, from_all = public_names(module)
     if skip_modules:  # listed in a list of their own
         names = [n for n in names if not isinstance(member(module, n), types.ModuleType)]
+    names = [n for n in names if n not in shown]  # a backend module's functions are in the shared list
     lines = [_heading(module.__name__), ""]
     intro = first_paragraph(module.__doc__)
     if intro:
@@ -449,7 +454,46 @@ def backends_section() -> list[str]:
         "where the PyTorch function takes other arguments (a `device`, a default dtype), its "
         "signature follows.", "",
     ]
-    return lines + definitions(rows)
+    return lines + definitions(rows) + topics_section()
+
+
+def topics_section() -> list[str]:
+    """The backends' modules by topic: the same file names on both sides, each NumPy module
+    with its twin in the PyTorch module of the same name."""
+    import tfbook.numpy as tnp
+    import tfbook.torch.functional as tf
+
+    rows = []
+    for pkg in (tnp, tf):
+        for info in pkgutil.iter_modules(pkg.__path__):
+            if info.name.startswith("_"):
+                continue
+            name = f"{pkg.__name__}.{info.name}"
+            mod = importlib.import_module(name)
+            text = rst_to_myst(first_paragraph(mod.__doc__)) or UNDOCUMENTED
+            twin = f"{(tf if pkg is tnp else tnp).__name__}.{info.name}"
+            if importlib.util.find_spec(twin) is not None:
+                text += f" Twin: {code(twin)}."
+            rows.append((code(name), text))
+    return ["### The backends' modules", "",
+            "Both backends keep their functions in modules of the same names, one per topic; a "
+            "function's twin is in the module of the same name on the other side "
+            "(`tests/test_twins.py` checks it and lists the exceptions).", ""] + definitions(rows)
+
+
+def shims_section() -> list[str]:
+    """Old module paths that stay importable for the chapters."""
+    rows = []
+    for name in SHIMS:
+        if importlib.util.find_spec(name) is None:
+            continue
+        mod = importlib.import_module(name)
+        doc = mod.__doc__ if mod.__name__ == name else f"The module {code(mod.__name__)} itself."
+        rows.append((code(name), rst_to_myst(first_paragraph(doc)) or UNDOCUMENTED))
+    if not rows:
+        return []
+    return ["## Old module paths", "", "Kept so that the chapters' imports keep working; new code "
+            "imports the module each points to.", ""] + definitions(rows)
 
 
 def tasks_section() -> list[str]:
@@ -551,12 +595,22 @@ def generate() -> str:
     modules = public_modules()
     course = [m for m in modules if m.startswith(COURSE_PREFIX)]
     tasks = set(task_modules())
-    skip = set(BACKENDS) | set(AGGREGATES) | set(course) | tasks
+    skip = set(BACKENDS) | set(AGGREGATES) | set(SHIMS) | set(course) | tasks
     rest = [m for m in modules if m not in skip]
+    # a topic module of a backend shows only what its package does not re-export (the shared
+    # list has the rest); one with nothing else is not listed
+    in_backends = set().union(*(importlib.import_module(b).__all__ for b in BACKENDS))
+
+    def in_backend(m):
+        return any(m.startswith(b + ".") for b in BACKENDS)
+
+    rest = [m for m in rest if not in_backend(m)
+            or set(public_names(importlib.import_module(m))[0]) - in_backends]
     ordered = [m for m in PREFERRED if m in rest] + sorted(m for m in rest if m not in PREFERRED)
     lines = intro() + backends_section()
     for name in ordered:
-        lines += module_section(importlib.import_module(name), skip_modules=name == "tfbook.tasks")
+        lines += module_section(importlib.import_module(name), skip_modules=name == "tfbook.tasks",
+                                shown=frozenset(in_backends) if in_backend(name) else frozenset())
         if name == "tfbook.tasks":
             lines += tasks_section()
     # anything re-exported by tfbook.torch that no submodule listed
@@ -570,6 +624,7 @@ def generate() -> str:
         lines += ["## Other names of `tfbook.torch`", ""]
         lines += definitions([(code(signature(n, getattr(tfbook.torch, n))),
                                 summary(tfbook.torch, n, getattr(tfbook.torch, n))) for n in stray])
+    lines += shims_section()
     if course:
         lines += course_section(course)
     return "\n".join(lines).rstrip("\n") + "\n"

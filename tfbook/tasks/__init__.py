@@ -23,6 +23,16 @@ Every module exposes the same verbs:
   retrains and writes every artifact the package ships for the task (``ARTIFACTS``) into
   ``tfbook/weights/`` or ``DIR``.
 
+Beside them, modules that train the models of other chapters (``retrieval``: chapters 4, 5
+and 9; ``prose``: chapter 13; ``modern``: chapter 14) and two experiments that train many small
+models and ship their measured results rather than weights: ``ablation`` (chapter 10: warm-up,
+clipping and weight decay, each removed in turn) and ``dynamics`` (chapters 3 and 8: the score
+scale, Post-LN against Pre-LN with and without warm-up, rank collapse). An experiment's verbs
+are ``RECIPE``, ``ARTIFACTS``, ``train(...)`` (one run, or the whole experiment),
+``load_pretrained()`` (the shipped result), ``save(result, folder)`` and ``main()``
+(``python -m tfbook.tasks.NAME [--out DIR]``), plus ``data()`` and ``config()`` where one
+model and one data set are trained.
+
 The submodules are imported on first use (``tfbook.tasks.addition``), so that
 ``python -m tfbook.tasks.NAME`` runs the module once.
 """

@@ -27,7 +27,7 @@ from torch import nn
 from torch.nn import functional as TNF
 
 from .. import _validate as V
-from . import _functional_modern as FM
+from .functional import modern as FM
 from . import functional as F
 from .models import DecoderLM
 from .modules import KVCache

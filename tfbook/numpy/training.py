@@ -10,16 +10,21 @@ Cross-entropy from the log-softmax, and its gradient written out (chapter 10):
   ignored ones.
 
 The backward passes of the other components, the optimizers and the NumPy training step
-are NumPy-only machinery and live in :mod:`tfbook.backprop` and :mod:`tfbook.optim`.
+are NumPy-only machinery and live in :mod:`tfbook.numpy.backprop` and :mod:`tfbook.numpy.optim`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from . import _validate as _v
+from .. import _validate as _v
+from ._common import _as_float
 
-__all__ = ["log_softmax", "cross_entropy", "cross_entropy_grad"]
+__all__ = [
+    "log_softmax",
+    "cross_entropy",
+    "cross_entropy_grad",
+]
 
 
 def log_softmax(x, axis=-1):
@@ -94,9 +99,3 @@ def cross_entropy_grad(logits, targets, ignore_index=-100):
     G = P - (safe[..., None] == np.arange(logits.shape[-1]))
     n = max(int(counted.sum()), 1)
     return (G * (counted[..., None] / n)).astype(logits.dtype, copy=False)
-
-
-# tfbook.numpy's input conversion (integer and boolean input becomes float64), imported
-# last because tfbook.numpy imports this module at its own end: either module may be
-# imported first.
-from .numpy import _as_float  # noqa: E402

@@ -16,7 +16,11 @@ import math
 
 import numpy as np
 
-from . import _validate as _v
+from .. import _validate as _v
+from ._common import _as_float
+from .attention import scaled_dot_product_attention
+from .heads import merge_heads, split_heads
+from .positions import _rope_angles, rope
 
 __all__ = [
     "rms_norm",
@@ -196,8 +200,6 @@ _ROPE_LAYOUTS = ("interleaved", "half")
 
 
 def _rope(X, positions, base, layout, name):
-    from .numpy import rope
-
     try:
         return rope(X, positions, base) if layout == "interleaved" else rope_rotate_half(X, positions, base)
     except ValueError as e:
@@ -253,8 +255,6 @@ def rope_attention(Q, K, V, mask=None, layout="interleaved", q_positions=None, k
     Z : (..., T_q, D_V) ndarray
     P : (..., T_q, T_k) ndarray
     """
-    from .numpy import scaled_dot_product_attention
-
     Q, K, V = _as_float(Q, "Q"), _as_float(K, "K"), _as_float(V, "V")
     _v.check_qkv(Q, K, V)
     _v.check_choice("layout", layout, _ROPE_LAYOUTS)
@@ -340,8 +340,6 @@ def grouped_query_attention(X_q, X_kv, params, num_heads, num_kv_heads, mask=Non
     Z : (..., T_q, D) ndarray
     P : (..., H, T_q, T_kv) ndarray
     """
-    from .numpy import merge_heads, scaled_dot_product_attention, split_heads
-
     X_q, X_kv = _as_float(X_q, "X_q"), _as_float(X_kv, "X_kv")
     D = _v.check_x_q_x_kv(X_q, X_kv)
     H, H_kv, D_K = _check_gqa_heads(D, num_heads, num_kv_heads, X_q.shape)
@@ -375,9 +373,3 @@ def grouped_query_attention(X_q, X_kv, params, num_heads, num_kv_heads, mask=Non
     V = np.repeat(V, G, axis=-3)
     Z, P = scaled_dot_product_attention(Q, K, V, mask=mask)  # (..., H, T_q, D_K), (..., H, T_q, T_kv)
     return lin(merge_heads(Z), "O"), P
-
-
-# tfbook.numpy's input conversion (integer and boolean input becomes float64) and rope
-# angles, imported last because tfbook.numpy imports this module at its own end: either
-# module may be imported first.
-from .numpy import _as_float, _rope_angles  # noqa: E402

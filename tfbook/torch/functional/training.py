@@ -1,4 +1,4 @@
-"""PyTorch twins of :mod:`tfbook._numpy_training`, re-exported by :mod:`tfbook.torch.functional`.
+"""PyTorch twins of :mod:`tfbook.numpy.training`, re-exported by :mod:`tfbook.torch.functional`.
 
 Written out on tensors (not calling ``F.cross_entropy``), so that the chapter can compare
 them with PyTorch's built-in; autograd differentiates them like any other function.
@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import torch
 
-from .. import _validate as _v
-# tfbook.torch imports functional first, so its input checks are defined by the time
-# functional imports this module at its end.
-from .functional import _float
+from ... import _validate as _v
+from ._common import _float
 
-__all__ = ["log_softmax", "cross_entropy", "cross_entropy_grad"]
+__all__ = [
+    "log_softmax",
+    "cross_entropy",
+    "cross_entropy_grad",
+]
 
 
 def log_softmax(x, axis=-1):

@@ -1,4 +1,4 @@
-"""PyTorch twins of :mod:`tfbook._numpy_modern`, re-exported by :mod:`tfbook.torch.functional`.
+"""PyTorch twins of :mod:`tfbook.numpy.modern`, re-exported by :mod:`tfbook.torch.functional`.
 
 Same names, arguments and semantics as the NumPy functions (RMSNorm, SiLU, SwiGLU, tanh
 GELU, the two rotary layouts, rotary attention, grouped-query attention). Each spells out
@@ -13,11 +13,12 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .. import _validate as _v
-from .._numpy_modern import _ROPE_LAYOUTS, _check_gqa_heads, _head_mask
-# tfbook.torch imports functional first, so its input checks are defined by the time
-# functional imports this module at its end.
-from .functional import _float, _rope_angles, _tensor
+from ... import _validate as _v
+from ...numpy.modern import _ROPE_LAYOUTS, _check_gqa_heads, _head_mask
+from ._common import _float, _tensor
+from .attention import scaled_dot_product_attention
+from .heads import merge_heads, split_heads
+from .positions import _rope_angles, rope
 
 __all__ = [
     "rms_norm",
@@ -110,8 +111,6 @@ def rope_permutation(D, device=None):
 
 
 def _rope(X, positions, base, layout, name):
-    from .functional import rope
-
     try:
         return rope(X, positions, base) if layout == "interleaved" else rope_rotate_half(X, positions, base)
     except ValueError as e:
@@ -139,8 +138,6 @@ def rope_attention(Q, K, V, mask=None, layout="interleaved", q_positions=None, k
                    base=10000.0, scale=None):
     """Rotate ``Q`` and ``K`` (``layout`` "interleaved" or "half"), then scaled dot-product
     attention; returns ``(Z, P)``. See :func:`tfbook.numpy.rope_attention`."""
-    from .functional import scaled_dot_product_attention
-
     Q, K, V = _float(Q, "Q"), _float(K, "K"), _float(V, "V")
     _v.check_qkv(Q, K, V)
     _v.check_choice("layout", layout, _ROPE_LAYOUTS)
@@ -181,8 +178,6 @@ def _gqa_attend(Q, K, V, mask=None, return_attention=True):
     copying it; a fully masked query row is zeroed afterwards (no NaN), as in
     :func:`tfbook.torch.functional._attend`. No shape checks here (callers check).
     """
-    from .functional import scaled_dot_product_attention
-
     G = Q.shape[-3] // K.shape[-3]
     if return_attention:
         K, V = K.repeat_interleave(G, dim=-3), V.repeat_interleave(G, dim=-3)  # (..., H, T_kv, D_K)
@@ -209,8 +204,6 @@ def grouped_query_attention(X_q, X_kv, params, num_heads, num_kv_heads, mask=Non
 
 def _grouped_query_attention(X_q, X_kv, params, num_heads, num_kv_heads, mask=None, rope=None,
                              base=10000.0, return_attention=True):
-    from .functional import merge_heads, split_heads
-
     X_q, X_kv = _float(X_q, "X_q"), _float(X_kv, "X_kv")
     D = _v.check_x_q_x_kv(X_q, X_kv)
     H, H_kv, D_K = _check_gqa_heads(D, num_heads, num_kv_heads, tuple(X_q.shape))
