@@ -730,7 +730,8 @@ def _engines_main(argv) -> int:
         raise ValueError(f"schemes {unknown} are not among {SCHEMES}")
     cfg = DPConfig(**json.loads(args.cfg))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if torch.cuda.is_available():  # one GPU per process, NCCL between them
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if torch.cuda.is_available() and torch.cuda.device_count() >= local_world:  # one GPU per process, NCCL
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
         backend = "nccl"
