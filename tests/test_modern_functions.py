@@ -41,6 +41,16 @@ def _bool(g, shape, p=0.7):
     return g.random(shape) < p
 
 
+def _llama_block_params(g, D, H, H_kv, D_ff):
+    return {"norm_attn": {"gamma": 1 + 0.3 * g.standard_normal(D)}, "attn": _gqa_params(g, D, H, H_kv),
+            "norm_mlp": {"gamma": 1 + 0.3 * g.standard_normal(D)}, "mlp": _swiglu_params(g, D, D_ff)}
+
+
+def _llama_params(g, V, D, H, H_kv, D_ff, L=2, tied=True):
+    return {"W_E": g.standard_normal((V, D)), "blocks": [_llama_block_params(g, D, H, H_kv, D_ff) for _ in range(L)],
+            "norm": {"gamma": 1 + 0.3 * g.standard_normal(D)}, "W_U": None if tied else g.standard_normal((D, V))}
+
+
 # name -> builders g -> (args, kwargs, torch_extra); the same format as tests/test_backends_parity.py
 PARITY_CASES = {
     "rms_norm": [lambda g: ((g.standard_normal((2, 5, 6)) * 3 + 1, g.standard_normal(6)), {}, {}),
@@ -65,6 +75,16 @@ PARITY_CASES = {
                                        {"mask": _bool(g, (2, 5, 7)), "rope": rope}, {})
         for hkv in (4, 2, 1) for rope in (None, "half")
     ],
+    "llama_block": [
+        lambda g, hkv=hkv, rope=rope: ((g.standard_normal((2, 5, 8)), _llama_block_params(g, 8, 4, hkv, 12), 4, hkv),
+                                       {"mask": np.tril(np.ones((5, 5), bool)), "rope": rope}, {})
+        for hkv, rope in ((4, "half"), (2, "interleaved"), (1, None))
+    ],
+    "llama_lm": [
+        lambda g, hkv=hkv, tied=tied: ((g.integers(0, 11, (2, 6)), _llama_params(g, 11, 8, 4, hkv, 12, tied=tied), 4, hkv),
+                                       {"rope": "half"}, {})
+        for hkv, tied in ((4, True), (2, False))
+    ],
 }
 PARITY_IDS = [(n, i) for n, bs in PARITY_CASES.items() for i in range(len(bs))]
 
@@ -74,6 +94,8 @@ def _t(x):
         return torch.as_tensor(x)
     if isinstance(x, dict):
         return {k: _t(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_t(v) for v in x]
     return x
 
 

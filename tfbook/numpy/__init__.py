@@ -93,6 +93,8 @@ from .modern import (  # noqa: F401
     rope_permutation,
     rope_attention,
     grouped_query_attention,
+    llama_block,
+    llama_lm,
 )
 from ._common import _as_float  # noqa: F401  (used by tfbook.torch's twins and the tests)
 from .efficient import _check_kv_cache  # noqa: F401
@@ -142,4 +144,6 @@ __all__ = [
     "rope_permutation",
     "rope_attention",
     "grouped_query_attention",
+    "llama_block",
+    "llama_lm",
 ]

@@ -31,6 +31,8 @@ __all__ = [
     "rope_permutation",
     "rope_attention",
     "grouped_query_attention",
+    "llama_block",
+    "llama_lm",
 ]
 
 
@@ -373,3 +375,124 @@ def grouped_query_attention(X_q, X_kv, params, num_heads, num_kv_heads, mask=Non
     V = np.repeat(V, G, axis=-3)
     Z, P = scaled_dot_product_attention(Q, K, V, mask=mask)  # (..., H, T_q, D_K), (..., H, T_q, T_kv)
     return lin(merge_heads(Z), "O"), P
+
+
+# ---------------------------------------------------------------------------
+# The Llama block and the whole model
+# ---------------------------------------------------------------------------
+
+
+_LLAMA_BLOCK_KEYS = ("norm_attn", "attn", "norm_mlp", "mlp")
+
+
+def _check_llama_block(params, D, num_heads, num_kv_heads, X_shape, name):
+    """The block's parameters, each checked under its full name (``params['attn']['W_K']``)."""
+    _v.check_params(name, params, _LLAMA_BLOCK_KEYS)
+    _, H_kv, D_K = _check_gqa_heads(D, num_heads, num_kv_heads, X_shape)
+    for k in ("norm_attn", "norm_mlp"):
+        _v.check_params(f"{name}['{k}']", params[k], ("gamma",))
+        _v.check_vector(f"{name}['{k}']['gamma']", params[k]["gamma"], D, "D")
+    _check_gqa_params(params["attn"], D, H_kv * D_K, name=f"{name}['attn']")
+    _check_swiglu_params(params["mlp"], D, name=f"{name}['mlp']")
+
+
+def _llama_block(X, params, num_heads, num_kv_heads, mask, rope, base, eps):
+    Y = rms_norm(X, params["norm_attn"]["gamma"], eps)  # (..., T, D)
+    Z, _ = grouped_query_attention(Y, Y, params["attn"], num_heads, num_kv_heads, mask=mask, rope=rope, base=base)
+    X = X + Z  # (..., T, D)
+    return X + swiglu(rms_norm(X, params["norm_mlp"]["gamma"], eps), params["mlp"])
+
+
+def llama_block(X, params, num_heads, num_kv_heads, mask=None, rope="half", base=10000.0, eps=1e-6):
+    """The pre-norm block of Llama: ``X = X + gqa(rms_norm(X))``, then ``X = X + swiglu(rms_norm(X))``.
+
+    Self-attention is :func:`grouped_query_attention` (no biases, rotary positions on queries
+    and keys, keys at ``0..T-1``), the MLP :func:`swiglu`; equal to
+    :class:`tfbook.torch.modern.LlamaBlock` with its ``numpy_params()``.
+
+    Parameters
+    ----------
+    X : (..., T, D) ndarray
+    params : dict
+        ``{"norm_attn": {"gamma": (D,)}, "attn": {"W_Q", "W_K", "W_V", "W_O"},
+        "norm_mlp": {"gamma": (D,)}, "mlp": {"W_gate", "W_up", "W_down"}}`` with the shapes of
+        :func:`grouped_query_attention` and :func:`swiglu`.
+    num_heads, num_kv_heads : int
+        ``H`` (divides ``D``) and ``H_kv`` (divides ``H``).
+    mask : bool ndarray, optional
+        Broadcastable to ``(..., T, T)``, True = may attend (a decoder passes the causal mask).
+    rope : {"half", "interleaved", None}
+        The rotary layout (Llama as in Hugging Face: ``"half"``); None: no positions.
+    base : float
+    eps : float
+        The RMSNorm epsilon.
+
+    Returns
+    -------
+    (..., T, D) ndarray
+    """
+    X = _as_float(X, "X")
+    _v.check_ndim("X", X, 2, what="(..., T, D)")
+    _check_llama_block(params, X.shape[-1], num_heads, num_kv_heads, X.shape, "params")
+    return _llama_block(X, params, num_heads, num_kv_heads, mask, rope, base, eps)
+
+
+def _check_llama_params(params):
+    """The model's parameters, checked by shape only (both backends use it): returns ``(V, D)``."""
+    _v.check_params("params", params, ("W_E", "blocks", "norm"))
+    _v.check_matrix("params['W_E']", params["W_E"], None, None, "(V, D)")
+    V, D = _v.shape_of(params["W_E"])
+    if not isinstance(params["blocks"], (list, tuple)):
+        raise ValueError(f"params['blocks'] must be a list of block dicts, got {type(params['blocks']).__name__}")
+    _v.check_params("params['norm']", params["norm"], ("gamma",))
+    _v.check_vector("params['norm']['gamma']", params["norm"]["gamma"], D, "D")
+    if params.get("W_U") is not None:
+        _v.check_matrix("params['W_U']", params["W_U"], D, V, "(D, V)")
+    return V, D
+
+
+def _check_ids_range(ids, V, ids_min, ids_max, W_E_shape):
+    if ids_min < 0 or ids_max >= V:
+        raise ValueError(f"ids must lie in [0, V={V}), got values in [{ids_min}, {ids_max}] "
+                         f"(ids: {_v.shape_of(ids)}, params['W_E']: {tuple(W_E_shape)})")
+
+
+def llama_lm(ids, params, num_heads, num_kv_heads, rope="half", base=10000.0, eps=1e-6):
+    """The whole Llama-style language model's forward pass: token ids -> logits.
+
+    ``X = W_E[ids]`` (no position table: positions enter as rotations inside attention), one
+    :func:`llama_block` per entry of ``params["blocks"]`` under the causal mask, a final
+    :func:`rms_norm` and the output head ``W_U`` (``W_E^T`` when tied). Equal to
+    :class:`tfbook.torch.modern.LlamaLM` given ``model.numpy_params()``.
+
+    Parameters
+    ----------
+    ids : (..., T) int ndarray
+        Token ids in ``[0, V)``.
+    params : dict
+        ``{"W_E": (V, D), "blocks": [block params of llama_block], "norm": {"gamma": (D,)},
+        "W_U": (D, V) or None}`` (``LlamaLM.numpy_params()``).
+    num_heads, num_kv_heads, rope, base, eps
+        As in :func:`llama_block` (``LlamaLMConfig``'s ``num_heads``, ``num_kv_heads``,
+        ``rope``, ``rope_base``, ``eps``).
+
+    Returns
+    -------
+    (..., T, V) ndarray
+    """
+    V, D = _check_llama_params(params)
+    W_E, W_U = _as_float(params["W_E"], "params['W_E']"), params.get("W_U")
+    ids = np.asarray(ids)
+    _v.check_ndim("ids", ids, 1, what="(..., T)")
+    if ids.dtype.kind not in "iu":
+        raise ValueError(f"ids must be integers, got dtype {ids.dtype} (ids: {ids.shape})")
+    if ids.size:
+        _check_ids_range(ids, V, int(ids.min()), int(ids.max()), W_E.shape)
+    X = W_E[ids]  # (..., T, D)
+    for i, block in enumerate(params["blocks"]):
+        _check_llama_block(block, D, num_heads, num_kv_heads, X.shape, f"params['blocks'][{i}]")
+    mask = np.tril(np.ones((ids.shape[-1], ids.shape[-1]), dtype=bool))  # (T, T) causal
+    for block in params["blocks"]:
+        X = _llama_block(X, block, num_heads, num_kv_heads, mask, rope, base, eps)
+    X = rms_norm(X, params["norm"]["gamma"], eps)
+    return X @ (W_E.T if W_U is None else W_U)  # (..., T, V)

@@ -68,6 +68,8 @@ from .modern import (  # noqa: F401
     rope_permutation,
     rope_attention,
     grouped_query_attention,
+    llama_block,
+    llama_lm,
 )
 from ._common import _common_dtype, _float, _tensor  # noqa: F401  (used by the modules and models)
 from .heads import _attend, _multi_head_attention  # noqa: F401
@@ -113,4 +115,6 @@ __all__ = [
     "rope_permutation",
     "rope_attention",
     "grouped_query_attention",
+    "llama_block",
+    "llama_lm",
 ]

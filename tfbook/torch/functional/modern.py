@@ -14,7 +14,14 @@ import torch
 import torch.nn.functional as F
 
 from ... import _validate as _v
-from ...numpy.modern import _ROPE_LAYOUTS, _check_gqa_heads, _head_mask
+from ...numpy.modern import (
+    _ROPE_LAYOUTS,
+    _check_gqa_heads,
+    _check_ids_range,
+    _check_llama_block,
+    _check_llama_params,
+    _head_mask,
+)
 from ._common import _float, _tensor
 from .attention import scaled_dot_product_attention
 from .heads import merge_heads, split_heads
@@ -29,6 +36,8 @@ __all__ = [
     "rope_permutation",
     "rope_attention",
     "grouped_query_attention",
+    "llama_block",
+    "llama_lm",
 ]
 
 
@@ -235,3 +244,46 @@ def _grouped_query_attention(X_q, X_kv, params, num_heads, num_kv_heads, mask=No
         K = _rope(K, pos_k, base, rope, "k_positions")
     Z, P = _gqa_attend(Q, K, V, mask=mask, return_attention=return_attention)
     return lin(merge_heads(Z), "O"), P
+
+
+# ---------------------------------------------------------------------------
+# The Llama block and the whole model
+# ---------------------------------------------------------------------------
+
+
+def _llama_block(X, params, num_heads, num_kv_heads, mask, rope, base, eps):
+    Y = rms_norm(X, params["norm_attn"]["gamma"], eps)  # (..., T, D)
+    Z, _ = grouped_query_attention(Y, Y, params["attn"], num_heads, num_kv_heads, mask=mask, rope=rope, base=base)
+    X = X + Z  # (..., T, D)
+    return X + swiglu(rms_norm(X, params["norm_mlp"]["gamma"], eps), params["mlp"])
+
+
+def llama_block(X, params, num_heads, num_kv_heads, mask=None, rope="half", base=10000.0, eps=1e-6):
+    """The pre-norm Llama block ``X + gqa(rms_norm(X))``, then ``+ swiglu(rms_norm(X))``; see
+    :func:`tfbook.numpy.llama_block` (params as ``LlamaBlock.params()``-style dicts of tensors)."""
+    X = _float(X, "X")
+    _v.check_ndim("X", X, 2, what="(..., T, D)")
+    _check_llama_block(params, X.shape[-1], num_heads, num_kv_heads, tuple(X.shape), "params")
+    return _llama_block(X, params, num_heads, num_kv_heads, mask, rope, base, eps)
+
+
+def llama_lm(ids, params, num_heads, num_kv_heads, rope="half", base=10000.0, eps=1e-6):
+    """The Llama-style model's forward pass, ids ``(..., T)`` -> logits ``(..., T, V)``; see
+    :func:`tfbook.numpy.llama_lm`."""
+    V, D = _check_llama_params(params)
+    W_E, W_U = _float(params["W_E"], "params['W_E']"), params.get("W_U")
+    ids = _tensor(ids, "ids")
+    _v.check_ndim("ids", ids, 1, what="(..., T)")
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise ValueError(f"ids must be integers, got dtype {ids.dtype} (ids: {tuple(ids.shape)})")
+    if ids.numel():
+        _check_ids_range(ids, V, int(ids.min()), int(ids.max()), W_E.shape)
+    X = W_E[ids]  # (..., T, D)
+    for i, block in enumerate(params["blocks"]):
+        _check_llama_block(block, D, num_heads, num_kv_heads, tuple(X.shape), f"params['blocks'][{i}]")
+    T = ids.shape[-1]
+    mask = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()  # (T, T) causal
+    for block in params["blocks"]:
+        X = _llama_block(X, block, num_heads, num_kv_heads, mask, rope, base, eps)
+    X = rms_norm(X, params["norm"]["gamma"], eps)
+    return X @ (W_E.T if W_U is None else W_U)  # (..., T, V)
