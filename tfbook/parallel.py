@@ -1,4 +1,4 @@
-"""Data parallelism on one machine: several processes, ``torch.distributed`` with gloo, 127.0.0.1 only.
+"""Parallel training (chapter 18): data parallelism by hand, and PyTorch's engines under ``torchrun``.
 
 :func:`run_data_parallel` starts ``world_size`` processes (forked on CPU-only Linux, spawned
 wherever CUDA is present and on other systems, :func:`default_start_method`: a spawned worker
@@ -15,6 +15,13 @@ the two must agree to float64 round-off.
 the online-softmax state ``(m, l, acc)`` of every query over its slice, and the states of
 all ranks are gathered and merged (:func:`merge_softmax_states`). :func:`accumulate_gradients`
 is the one-process relative of data parallelism: micro-batches one after the other.
+
+:func:`run_torchrun` runs this module as a ``torchrun`` script (``python -m tfbook.parallel
+--schemes ddp,zero1,fsdp,tp,ring --out DIR``) on several processes, with NCCL when each has
+a GPU and gloo otherwise: ``DistributedDataParallel`` (buckets, overlap, ``no_sync``), ZeRO-1
+(``ZeroRedundancyOptimizer``), FSDP2 (``fully_shard``), tensor parallelism with DTensor's
+column/row styles on a :class:`MegatronBlock`, and :func:`ring_attention`, each rank's results
+written to a file for the caller to check against one process.
 
 Everything is bounded in time: the process group has a timeout, and the parent kills any
 worker still alive after ``timeout`` seconds. Communication stays on the loopback
