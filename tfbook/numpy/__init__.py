@@ -35,115 +35,19 @@ zero weight row and a zero output row; dtypes are preserved; bad input raises
 
 from __future__ import annotations
 
-from .attention import (  # noqa: F401
-    softmax,
-    scaled_dot_product_attention,
-    additive_attention,
-    causal_mask,
-    padding_mask,
-    attention_mask_from_padding,
-    sliding_window_mask,
-)
-from .heads import (  # noqa: F401
-    split_heads,
-    merge_heads,
-    multi_head_attention,
-)
-from .positions import (  # noqa: F401
-    one_hot,
-    embedding_lookup,
-    sinusoidal_positional_encoding,
-    sinusoidal_shift_matrix,
-    sinusoidal_positional_encoding_2d,
-    learned_positional_embedding,
-    rope,
-)
-from .norms import (  # noqa: F401
-    layer_norm,
-    relu,
-    gelu,
-    feed_forward,
-)
-from .blocks import (  # noqa: F401
-    encoder_block,
-    decoder_block,
-)
-from .vision import (  # noqa: F401
-    patchify,
-    unpatchify,
-    attention_rollout,
-)
-from .efficient import (  # noqa: F401
-    kv_cache_append,
-    blocked_attention,
-    tiled_attention,
-    linear_attention,
-)
-from .training import (  # noqa: F401
-    log_softmax,
-    cross_entropy,
-    cross_entropy_grad,
-)
-from .modern import (  # noqa: F401
-    rms_norm,
-    silu,
-    swiglu,
-    gelu_tanh,
-    rope_rotate_half,
-    rope_permutation,
-    rope_attention,
-    grouped_query_attention,
-    llama_block,
-    llama_lm,
-)
+from . import attention, blocks, efficient, heads, modern, norms, positions, training, vision
 from ._common import _as_float  # noqa: F401  (used by tfbook.torch's twins and the tests)
 from .efficient import _check_kv_cache  # noqa: F401
 from .norms import _erf  # noqa: F401  (tfbook.numpy.backprop.gelu_backward uses gelu's own erf)
 from .positions import _rope_angles  # noqa: F401
 from .vision import _check_unpatchify  # noqa: F401
 
-__all__ = [
-    "softmax",
-    "scaled_dot_product_attention",
-    "additive_attention",
-    "causal_mask",
-    "padding_mask",
-    "attention_mask_from_padding",
-    "sliding_window_mask",
-    "split_heads",
-    "merge_heads",
-    "multi_head_attention",
-    "one_hot",
-    "embedding_lookup",
-    "sinusoidal_positional_encoding",
-    "sinusoidal_shift_matrix",
-    "sinusoidal_positional_encoding_2d",
-    "learned_positional_embedding",
-    "rope",
-    "layer_norm",
-    "relu",
-    "gelu",
-    "feed_forward",
-    "encoder_block",
-    "decoder_block",
-    "patchify",
-    "unpatchify",
-    "attention_rollout",
-    "kv_cache_append",
-    "blocked_attention",
-    "tiled_attention",
-    "linear_attention",
-    "log_softmax",
-    "cross_entropy",
-    "cross_entropy_grad",
-    "rms_norm",
-    "silu",
-    "swiglu",
-    "gelu_tanh",
-    "rope_rotate_half",
-    "rope_permutation",
-    "rope_attention",
-    "grouped_query_attention",
-    "llama_block",
-    "llama_lm",
-]
+# Names a topic module lists that the package does not re-export: chapter-specific helpers,
+# reached by their module (``tfbook.numpy.positions.alibi_bias``).
+_MODULE_ONLY = ("interleave_permutation", "rope_self_attention", "alibi_slopes", "alibi_bias", "t5_relative_bucket",
+                "tubelets")
+
+_TOPICS = (attention, heads, positions, norms, blocks, vision, efficient, training, modern)  # the book's order
+#: every public function of the topic modules
+__all__ = [_n for _m in _TOPICS for _n in _m.__all__ if _n not in _MODULE_ONLY]
+globals().update({_n: getattr(_m, _n) for _m in _TOPICS for _n in _m.__all__ if _n not in _MODULE_ONLY})

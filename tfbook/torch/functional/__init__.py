@@ -11,110 +11,15 @@ masked query row gives zeros, not NaN.
 
 from __future__ import annotations
 
-from .attention import (  # noqa: F401
-    softmax,
-    scaled_dot_product_attention,
-    additive_attention,
-    causal_mask,
-    padding_mask,
-    attention_mask_from_padding,
-    sliding_window_mask,
-)
-from .heads import (  # noqa: F401
-    split_heads,
-    merge_heads,
-    multi_head_attention,
-)
-from .positions import (  # noqa: F401
-    one_hot,
-    embedding_lookup,
-    sinusoidal_positional_encoding,
-    sinusoidal_shift_matrix,
-    sinusoidal_positional_encoding_2d,
-    learned_positional_embedding,
-    rope,
-)
-from .norms import (  # noqa: F401
-    layer_norm,
-    relu,
-    gelu,
-    feed_forward,
-)
-from .blocks import (  # noqa: F401
-    encoder_block,
-    decoder_block,
-)
-from .vision import (  # noqa: F401
-    patchify,
-    unpatchify,
-    attention_rollout,
-)
-from .efficient import (  # noqa: F401
-    kv_cache_append,
-    tiled_attention,
-    linear_attention,
-)
-from .training import (  # noqa: F401
-    log_softmax,
-    cross_entropy,
-    cross_entropy_grad,
-)
-from .modern import (  # noqa: F401
-    rms_norm,
-    silu,
-    swiglu,
-    gelu_tanh,
-    rope_rotate_half,
-    rope_permutation,
-    rope_attention,
-    grouped_query_attention,
-    llama_block,
-    llama_lm,
-)
+from . import attention, blocks, efficient, heads, modern, norms, positions, training, vision
 from ._common import _common_dtype, _float, _tensor  # noqa: F401  (used by the modules and models)
 from .heads import _attend, _multi_head_attention  # noqa: F401
 
-__all__ = [
-    "softmax",
-    "scaled_dot_product_attention",
-    "additive_attention",
-    "causal_mask",
-    "padding_mask",
-    "attention_mask_from_padding",
-    "sliding_window_mask",
-    "split_heads",
-    "merge_heads",
-    "multi_head_attention",
-    "one_hot",
-    "embedding_lookup",
-    "sinusoidal_positional_encoding",
-    "sinusoidal_shift_matrix",
-    "sinusoidal_positional_encoding_2d",
-    "learned_positional_embedding",
-    "rope",
-    "layer_norm",
-    "relu",
-    "gelu",
-    "feed_forward",
-    "encoder_block",
-    "decoder_block",
-    "patchify",
-    "unpatchify",
-    "attention_rollout",
-    "kv_cache_append",
-    "tiled_attention",
-    "linear_attention",
-    "log_softmax",
-    "cross_entropy",
-    "cross_entropy_grad",
-    "rms_norm",
-    "silu",
-    "swiglu",
-    "gelu_tanh",
-    "rope_rotate_half",
-    "rope_permutation",
-    "rope_attention",
-    "grouped_query_attention",
-    "llama_block",
-    "llama_lm",
-]
+# Names a topic module lists that the package does not re-export: chapter-specific helpers,
+# reached by their module (``tfbook.numpy.positions.alibi_bias``).
+_MODULE_ONLY = ("tubelets",)
+
+_TOPICS = (attention, heads, positions, norms, blocks, vision, efficient, training, modern)  # the book's order
+#: every public function of the topic modules
+__all__ = [_n for _m in _TOPICS for _n in _m.__all__ if _n not in _MODULE_ONLY]
+globals().update({_n: getattr(_m, _n) for _m in _TOPICS for _n in _m.__all__ if _n not in _MODULE_ONLY})
