@@ -13,7 +13,7 @@ chapter under nbval.
 
 from __future__ import annotations
 
-from exercise_harness import code, exercise_tests
+from exercise_harness import code, exercise_tests, variant
 
 CHAPTER = "01_tokens_and_embeddings"
 
@@ -27,6 +27,45 @@ def _patches(keep: str, order: str = "0, 2, 3, 1, 4, 5") -> str:
             n_rows, n_cols = x.shape[2], x.shape[3]
             return x.transpose({order}).reshape(B, n_rows * n_cols, C * p * p)
     """)
+
+
+_MERGES = """
+    def learn_merges(text, num_merges):
+        pieces = PIECES
+        words = [list(p.encode("utf-8")) for p in pieces]
+        weights = WEIGHTS
+        vocab = [bytes([b]) for b in range(256)]
+        merges = []
+        while len(merges) < num_merges:
+            counts = Counter()
+            for ids, w in zip(words, weights):
+                for pair in zip(ids, ids[1:]):
+                    counts[pair] += w
+            if not counts or max(counts.values()) STOP:
+                break
+            best = max(counts.values())
+            a, b = CHOOSE
+            merges.append((a, b))
+            vocab.append(vocab[a] + vocab[b])
+            for k, ids in enumerate(words):
+                out, i = [], 0
+                while i < len(ids):
+                    if i + 1 < len(ids) and ids[i] == a and ids[i + 1] == b:
+                        out.append(len(vocab) - 1)
+                        i += 2
+                    else:
+                        out.append(ids[i])
+                        i += 1
+                words[k] = out
+        return merges
+"""
+_MERGE_DEFAULTS = {"PIECES": "Counter(pretokenize(text))", "WEIGHTS": "list(pieces.values())", "STOP": "< 2",
+                   "CHOOSE": "min((p for p, c in counts.items() if c == best), key=lambda p: (vocab[p[0]], vocab[p[1]]))"}
+
+
+def _merges(**change: str) -> str:
+    """An answer to exercise 1.2 (the byte-level BPE merge loop) with one part changed."""
+    return variant(_MERGES, _MERGE_DEFAULTS, **change)
 
 
 # {chapter: {test grade_id: {mistake: (wrong answer, words its visible failure must contain)}}}
@@ -49,35 +88,24 @@ MISTAKES: dict[str, dict[str, dict[str, tuple[str, str]]]] = {CHAPTER: {
         "channel axis not moved before the reshape": (_patches("[:, :, ::stride, ::stride]", "0, 1, 2, 3, 4, 5"),
                                                       "with the channel axis still in front"),
     },
-    "ex1-2-receptive-field-tests": {
-        "strides ignored": (code("""
-            def receptive_field(kernel_sizes, strides=None):
-                return 1 + sum(s - 1 for s in kernel_sizes)
-        """), "the strides were ignored"),
-        "layer l's own stride counted": (code("""
-            def receptive_field(kernel_sizes, strides=None):
-                strides = [1] * len(kernel_sizes) if strides is None else strides
-                r, jump = 1, 1
-                for s, stride in zip(kernel_sizes, strides):
-                    jump *= stride
-                    r += (s - 1) * jump
-                return r
-        """), "layer l's own stride was counted"),
-        "strides=None not handled": (code("""
-            def receptive_field(kernel_sizes, strides=None):
-                r, jump = 1, 1
-                for s, stride in zip(kernel_sizes, strides):
-                    r += (s - 1) * jump
-                    jump *= stride
-                return r
-        """), "strides=None must mean stride 1 in every layer"),
-        "a NumPy integer returned": (code("""
-            def receptive_field(kernel_sizes, strides=None):
-                s = np.asarray(kernel_sizes)
-                strides = np.ones_like(s) if strides is None else np.asarray(strides)
-                jumps = np.concatenate([[1], np.cumprod(strides)[:-1]]).astype(int)
-                return 1 + np.sum((s - 1) * jumps)
-        """), "not an int"),
+    "ex1-2-learn-merges-tests": {
+        "a pair seen once merged": (_merges(STOP="< 1"), "a pair seen once was merged"),
+        "pieces not cut (merges cross them)": (_merges(PIECES="Counter([text])"), "a merge crossed a piece boundary"),
+        "a repeated piece counted once": (_merges(WEIGHTS="[1] * len(pieces)"), "a repeated piece was counted once"),
+        "pairs counted once, before the first merge": (code("""
+            def learn_merges(text, num_merges):
+                counts = Counter()
+                for piece in pretokenize(text):
+                    ids = list(piece.encode("utf-8"))
+                    counts.update(zip(ids, ids[1:]))
+                ranked = sorted((p for p, c in counts.items() if c >= 2),
+                                key=lambda p: (-counts[p], bytes([p[0]]), bytes([p[1]])))
+                return ranked[:num_merges]
+        """), "the pairs were counted once, before the first merge"),
+        "tie broken by order of appearance": (_merges(CHOOSE="counts.most_common(1)[0][0]"),
+                                              "the tie was broken by the order in which the pairs appear"),
+        "tie broken by token ids": (_merges(CHOOSE="min(p for p, c in counts.items() if c == best)"),
+                                    "the tie was broken by token ids"),
     },
 }}
 

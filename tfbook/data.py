@@ -193,7 +193,7 @@ class BPETokenizer:
             if not pairs:
                 break
             best = max(pairs.values())
-            if best < 2:  # a pair seen once saves nothing
+            if best < 2:  # a pair seen once saves one token, not worth a new row of the table
                 break
             pair = min(
                 (p for p, c in pairs.items() if c == best),
