@@ -60,8 +60,9 @@ from tfbook.torch.models import DecoderLM, DecoderLMConfig  # noqa: E402
 from tfbook.torch.modern import LlamaLM, LlamaLMConfig  # noqa: E402
 
 # Dense bf16 peak FLOP/s (no sparsity) from the vendors' data sheets, by a substring of the name.
-PEAK_BF16 = [("H200", 989e12), ("H100 SXM", 989e12), ("H100 NVL", 835e12), ("H100 PCIe", 756e12),
-             ("H100", 756e12), ("A100", 312e12), ("L40S", 362e12), ("A10G", 70e12), ("L4", 121e12),
+# The first entry whose key the device name contains wins ("NVIDIA H100 80GB HBM3" is the SXM card).
+PEAK_BF16 = [("H200", 989e12), ("H100 NVL", 835e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("H800", 989e12),
+             ("A100", 312e12), ("L40S", 362e12), ("A10G", 70e12), ("L4", 121e12),
              ("RTX 4090", 165e12), ("RTX 3090", 71e12)]
 
 
@@ -359,8 +360,7 @@ def main(argv=None) -> int:
     timed = args.steps or (20 if device == "cuda" else 3)
     warm_up = args.warm_up if args.warm_up is not None else (5 if device == "cuda" else 1)
     if device == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True  # nanoGPT's setting (float32 parts of the step)
-        torch.backends.cudnn.allow_tf32 = True
+        torch.set_float32_matmul_precision("high")  # TF32 for the float32 parts, as nanoGPT sets it
         what = f"{torch.cuda.get_device_name()}, bf16 autocast"
     else:
         what = f"CPU, {torch.get_num_threads()} threads, float32"
