@@ -1,0 +1,132 @@
+"""The long prose model of chapter 13 (tfbook.tasks.prose, the LONG_* part): dropout hooks,
+scoring after a context, dynamic evaluation, cached sampling, a few training steps, and the
+shipped weights and scores. About 20 s."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+import torch
+
+from tfbook.tasks import prose
+from tfbook.torch.models import DecoderLM, DecoderLMConfig
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    return DecoderLM(DecoderLMConfig(vocab_size=prose.tokenizer().vocab_size, block_size=32, d_model=32,
+                                     num_heads=4, num_layers=2, d_ff=64)).double().eval()
+
+
+@pytest.fixture(scope="module")
+def splits():
+    return prose.data()
+
+
+def test_dropout_hooks_change_training_mode_only(tiny):
+    import copy
+
+    m = prose.add_dropout(copy.deepcopy(tiny), 0.3)
+    x = torch.randint(0, 62, (2, 20), generator=torch.Generator().manual_seed(0))
+    m.eval()
+    torch.testing.assert_close(m(x), tiny(x), rtol=0, atol=0)      # eval: the same model
+    m.train()
+    torch.manual_seed(1)
+    y1 = m(x)
+    assert (y1 - tiny(x)).abs().max() > 1e-3                          # train: units dropped
+    with pytest.raises(ValueError, match="p must be"):
+        prose.add_dropout(copy.deepcopy(tiny), 1.0)
+
+
+def test_bits_after_predicts_each_character_from_the_text_before_it(tiny, splits):
+    ctx, ids = splits.validation[:100], splits.test[:50]
+    bits = prose.bits_after(tiny, ctx, ids)
+    assert bits.shape == (50,)
+    T = tiny.config.block_size
+    full = torch.cat([ctx, ids])
+    # character i of ids sits at position 100 + i of full; the sliding window (stride T/2)
+    # gives it between T/2 and T characters before it: check the first one by a direct forward
+    # pass on the T characters before it, the window the first prediction uses
+    with torch.no_grad():
+        lp = torch.log_softmax(tiny(full[100 - T:100][None])[0, -1], -1)[ids[0]] / math.log(2)
+    assert float(bits[0]) == pytest.approx(-float(lp), rel=1e-12)
+    # and every prediction is a proper probability: bits > 0
+    assert (bits > 0).all()
+    with pytest.raises(ValueError, match="context"):
+        prose.bits_after(tiny, ctx[:0], ids)
+    with pytest.raises(ValueError, match="block"):
+        prose.char_log_probs(tiny, full, block=T + 1)
+
+
+def test_dynamic_evaluation_scores_each_segment_before_training_on_it(tiny, splits):
+    ctx, ids = splits.train[-200:], splits.validation[:96]
+    static = prose.dynamic_bits(tiny, ctx, ids, lr=0.0, segment=16)
+    adapt = prose.dynamic_bits(tiny, ctx, ids, lr=1e-2, segment=16)
+    # the first segment is scored before any step: equal; later ones by an updated model
+    torch.testing.assert_close(adapt[:16], static[:16], rtol=1e-6, atol=1e-6)   # float32 copies
+    assert (adapt[16:] - static[16:]).abs().max() > 1e-3
+    # lr = 0 is the static score of each character after the block_size - 16 before its segment
+    T = tiny.config.block_size
+    full = torch.cat([ctx[-T:], ids])
+    i = 20                                         # in segment 1 (16..31), which predicts full[T+16 : T+32]
+    with torch.no_grad():
+        lp = torch.log_softmax(tiny.float()(full[T + 32 - 1 - T:T + 32 - 1][None])[0], -1)
+    tiny.double()
+    want = -float(lp[T - 16 + (i - 16), ids[i]]) / math.log(2)
+    assert float(static[i]) == pytest.approx(want, rel=1e-5)
+    # the caller's model is not changed
+    assert next(tiny.parameters()).dtype == torch.float64
+    with pytest.raises(ValueError, match="segment"):
+        prose.dynamic_bits(tiny, ctx, ids, lr=0.0, segment=T + 1)
+    with pytest.raises(ValueError, match="lr"):
+        prose.dynamic_bits(tiny, ctx, ids, lr=-1.0, segment=16)
+
+
+def test_cached_sampling_equals_the_plain_loop(tiny):
+    prompt, n, seed = "And the LORD said", 12, 3
+    got = prose.sample(tiny, prompt, n, seed=seed, top_p=0.9)
+    tok = prose.tokenizer()
+    ids = torch.tensor(tok.encode(prompt))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _ in range(n):                          # no cache: the whole text each step
+            logits = tiny(ids[None])[0, -1]
+            probs = torch.softmax(prose.filter_logits(logits, top_p=0.9), -1)
+            ids = torch.cat([ids, torch.multinomial(probs, 1, generator=gen)])
+    assert got == tok.decode(ids.tolist())
+
+
+def test_train_long_takes_steps_and_keeps_the_best_validation(monkeypatch):
+    monkeypatch.setitem(prose.LONG_CANDIDATES, "tiny", dict(d_model=32, num_heads=4, num_layers=1, d_ff=64,
+                                                           block_size=32, dropout=0.1))
+    monkeypatch.setitem(prose.LONG_RECIPE, "batch_size", 4)
+    monkeypatch.setitem(prose.LONG_RECIPE, "eval_every", 2)
+    model, h = prose.train_long("tiny", seed=0, steps=4)
+    assert h.eval_step == [2, 4] and len(h.lr) == 4
+    assert h.best_eval == min(h.eval) and h.eval[0] < math.log2(62) + 0.5
+    assert h.extra["recipe"]["steps"] == 4 and not model.training
+    # the returned weights are the best evaluation's: scoring them again gives best_eval
+    assert prose.bits_per_char(model, prose.data().validation, dtype=torch.float32) == pytest.approx(h.best_eval, abs=1e-4)
+    with pytest.raises(ValueError, match="name"):
+        prose.long_config("huge")
+
+
+def test_shipped_long_model_and_scores():
+    scores = prose.load_long_scores()
+    model, hist = prose.load_long()
+    cfg = prose.long_config(scores["chosen"])
+    assert model.config == cfg and scores["chosen"] == prose.LONG_NAME
+    assert (prose.shipped("prose_long.pt").stat().st_size if hasattr(prose.shipped("prose_long.pt"), "stat")
+            else len(prose.shipped("prose_long.pt").read_bytes())) < 6_000_000
+    runs = scores["candidates"]
+    names = {k.rsplit("_s", 1)[0] for k in runs}
+    means = {n: statistics.mean(runs[f"{n}_s{s}"]["best_eval"] for s in range(3)) for n in names}
+    assert min(means, key=means.get) == scores["chosen"]           # the choice follows the validation
+    assert hist.best_eval == pytest.approx(runs[f"{scores['chosen']}_s0"]["best_eval"], rel=1e-9)
+    assert set(scores["seeds"]) == {"0", "1", "2"}
+    for kind in ("kn", "mkn", "ppmd"):                             # chosen on validation
+        search = scores["classical"][kind]["search"]
+        assert scores["classical"][kind]["validation"] == min(search.values())
