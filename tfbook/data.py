@@ -394,7 +394,10 @@ def load_corpus(name: str = "tiny_corpus") -> str:
 
     ``"tiny_corpus"`` is a few kilobytes of plain English prose written for this
     project (a story about a lighthouse keeper who counts and a note on how a reader
-    attends to words), used to train the small language model of chapter 13.
+    attends to words), small enough to train on in seconds (:mod:`tfbook.tasks.corpus`);
+    too small for samples that read as sentences. Chapter 13's language models train on
+    the 1.25 MB King James text instead (``kjv_prose.txt.gz``, read by
+    :func:`tfbook.tasks.prose.load_text`, not by this function).
     """
     folder = resources.files("tfbook") / "corpus"
     path = folder / f"{name}.txt"
