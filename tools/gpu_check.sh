@@ -26,10 +26,10 @@ export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 ONE="OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1"
 NBVAL="--nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg --nbval-cell-timeout 300"
 # 1 and 2 side by side (CPU-bound, 16 cores), each on its own workers.
-env $ONE timeout 280 python3 -m pytest -q -p no:cacheprovider -n 6 tests -k cuda \
+env $ONE timeout 290 python3 -m pytest -q -p no:cacheprovider -n 6 tests -k cuda \
   >"$OUTDIR/cuda_tests.log" 2>&1 &
 tests_pid=$!
-env $ONE timeout 330 python3 -m pytest -q -p no:cacheprovider -n 8 --dist loadfile $NBVAL notebooks \
+env $ONE timeout 300 python3 -m pytest -q -p no:cacheprovider -n 8 --dist loadfile $NBVAL notebooks \
   >"$OUTDIR/nbval.log" 2>&1
 echo "nbval exit $?" | tee -a "$OUTDIR/machine.txt"
 wait $tests_pid
@@ -38,6 +38,6 @@ tail -3 "$OUTDIR/cuda_tests.log"; grep -E "passed|failed" "$OUTDIR/nbval.log" | 
 # 3 alone on the GPU.
 BENCH=${BENCH:-benchmarks/gpu_train_step.py}
 if [ -f "$BENCH" ]; then
-  timeout 200 python3 "$BENCH" 2>&1 | tee "$OUTDIR/bench.txt"
+  timeout 180 python3 "$BENCH" 2>&1 | tee "$OUTDIR/bench.txt"
   echo "benchmark exit $?" | tee -a "$OUTDIR/machine.txt"
 fi
