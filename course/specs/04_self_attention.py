@@ -12,4 +12,9 @@ HIDDEN = {
         "F": "layers of other sizes (the book's W is the transpose of nn.Linear.weight)",
         "G": "layers of other sizes, the value projection",
     },
+    "ex4-4-orthonormal-keys-tests": {
+        "H": "a wider layer (D = 10, D_K = 4) whose key projection is large (entries of size 100)",
+        "I": "a key projection whose columns are already orthonormal",
+        "J": "D_K = 1: one query and one key column",
+    },
 }
