@@ -100,23 +100,23 @@ MISTAKES: dict[str, dict[str, dict[str, tuple[str, str]]]] = {
         },
     },
     "03_why_scale": {
-        "ex3-1-jacobian-tests": {
-            "diagonal only": (code("""
-                def softmax_jacobian(P):
-                    return P[..., :, None] * np.eye(P.shape[-1])
-            """), "the off-diagonal entries are 0"),
-            "elementwise derivative p (1 - p)": (code("""
-                def softmax_jacobian(P):
-                    return (P * (1 - P))[..., :, None] * np.eye(P.shape[-1])
-            """), "the off-diagonal entries are 0"),
-            "sign flipped": (code("""
-                def softmax_jacobian(P):
-                    return P[..., :, None] * P[..., None, :] - P[..., :, None] * np.eye(P.shape[-1])
-            """), "the sign is flipped"),
-            "np.diag and np.outer on a batch": (code("""
-                def softmax_jacobian(P):
-                    return np.diag(P) - np.outer(P, P)
-            """), "np.diag and np.outer take one vector"),
+        "ex3-1-score-std-tests": {
+            "the weights ignored (the chapter's 1)": (code("""
+                def scaled_score_std(W_Q, W_K):
+                    return 1.0
+            """), "the weights were ignored"),
+            "the product of the norms": (code("""
+                def scaled_score_std(W_Q, W_K):
+                    return float(np.linalg.norm(W_Q) * np.linalg.norm(W_K) / np.sqrt(W_Q.shape[1]))
+            """), "only an upper bound"),
+            "1/sqrt(D_K) forgotten": (code("""
+                def scaled_score_std(W_Q, W_K):
+                    return float(np.linalg.norm(W_Q @ W_K.T))
+            """), "the 1/sqrt(D_K) of the scaled score is missing"),
+            "the variance, not the standard deviation": (code("""
+                def scaled_score_std(W_Q, W_K):
+                    return float(np.linalg.norm(W_Q @ W_K.T) ** 2 / W_Q.shape[1])
+            """), "this is the variance"),
         },
         "ex3-3-entropy-gradient-tests": {
             "dH/dp instead of dH/ds": (code("""
@@ -166,6 +166,23 @@ MISTAKES: dict[str, dict[str, dict[str, tuple[str, str]]]] = {
                 def book_weights(lin_q, lin_k, lin_v):
                     return tuple(lin.weight.detach().T for lin in (lin_k, lin_q, lin_v))
             """), "W_Q and W_K are swapped"),
+        },
+        "ex4-4-orthonormal-keys-tests": {
+            "W_Q unchanged": (code("""
+                def orthonormal_keys(W_Q, W_K):
+                    U, R = np.linalg.qr(W_K)
+                    return W_Q, U
+            """), "W_Q was left unchanged"),
+            "W_Q times R, not R^T": (code("""
+                def orthonormal_keys(W_Q, W_K):
+                    U, R = np.linalg.qr(W_K)
+                    return W_Q @ R, U
+            """), "W_Q was multiplied by R, not by its transpose"),
+            "W_Q times R^-1": (code("""
+                def orthonormal_keys(W_Q, W_K):
+                    U, R = np.linalg.qr(W_K)
+                    return W_Q @ np.linalg.inv(R), U
+            """), "W_Q was multiplied by R^-1"),
         },
     },
     "05_multi_head_attention": {
