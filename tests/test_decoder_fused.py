@@ -106,3 +106,37 @@ def test_under_autocast_the_activations_stay_in_bfloat16():
     ref = m.blocks[0](X, mask=F.causal_mask(16))  # float32, no autocast
     torch.testing.assert_close(Y.float(), ref, atol=0.1, rtol=0.05)  # bf16 has 8 bits of mantissa
     assert logits.shape == (2, 16, 11)
+
+
+@pytest.mark.parametrize("rope", ["half", "interleaved"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_llama_blocks_take_the_same_path_bitwise(rope, dtype, monkeypatch):
+    from tfbook.torch.modern import LlamaLM, LlamaLMConfig
+
+    torch.manual_seed(0)
+    m = LlamaLM(LlamaLMConfig(vocab_size=11, block_size=16, d_model=32, num_heads=4, num_kv_heads=2,
+                              num_layers=2, d_ff=48, rope=rope)).to(dtype)
+    block = m.blocks[0]
+    assert M._causal_llama_applies(block) and not M._causal_block_applies(block)
+    X = torch.randn(3, 16, 32, dtype=dtype, requires_grad=True)
+    mask = F.causal_mask(16)
+    ours, ref = M._causal_block(block, X, mask), block(X, mask=mask)
+    assert torch.equal(ours, ref)
+    g = torch.randn_like(ref)
+    for a, b in zip(torch.autograd.grad(ours, [X, *block.parameters()], g),
+                    torch.autograd.grad(block(X, mask=mask), [X, *block.parameters()], g)):
+        torch.testing.assert_close(a, b, atol=1e-13 if dtype == torch.float64 else 1e-5, rtol=0)
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **kw: (calls.append(kw), sdpa(*a, **kw))[1])
+    idx = torch.randint(0, 11, (2, 16))
+    logits = m(idx)
+    assert len(calls) == 2 and all(kw.get("is_causal") is True and kw.get("attn_mask") is None for kw in calls)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa)
+    ref_logits, _ = m(idx, return_attention=True)
+    torch.testing.assert_close(logits, ref_logits, atol=1e-12 if dtype == torch.float64 else 1e-5, rtol=0)
+    # a hook sends the block back through its own forward (which then runs with the explicit mask)
+    h = block.attn.register_forward_hook(lambda mod, args, out: None)
+    assert not M._causal_llama_applies(block)
+    h.remove()
