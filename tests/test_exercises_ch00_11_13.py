@@ -84,15 +84,27 @@ MISTAKES: dict[str, dict[str, dict[str, tuple[str, str]]]] = {
             "a transpose for one batch axis": (code("""
                 def scores(Q, K):
                     return Q @ np.transpose(K, (0, 2, 1)) / np.sqrt(Q.shape[-1])
-            """), "a transpose written for one batch axis"),
+            """), "a transpose written for fewer axes"),
             "not scaled": (code("""
                 def scores(Q, K):
-                    return Q @ np.swapaxes(K, -1, -2)
+                    G = Q.shape[-3] // K.shape[-3]
+                    return Q @ np.swapaxes(np.repeat(K, G, axis=-3), -1, -2)
             """), "without the 1/sqrt(D_K) factor"),
             "divided by D_K": (code("""
                 def scores(Q, K):
-                    return Q @ np.swapaxes(K, -1, -2) / Q.shape[-1]
+                    G = Q.shape[-3] // K.shape[-3]
+                    return Q @ np.swapaxes(np.repeat(K, G, axis=-3), -1, -2) / Q.shape[-1]
             """), "divided by D_K = 4 instead of sqrt(D_K)"),
+            "heads not grouped": (code("""
+                def scores(Q, K):
+                    return Q @ np.swapaxes(K, -1, -2) / np.sqrt(Q.shape[-1])
+            """), "the head axes 4 and 2 do not broadcast"),
+            "groups interleaved (np.tile)": (code("""
+                def scores(Q, K):
+                    G = Q.shape[-3] // K.shape[-3]
+                    reps = (1,) * (K.ndim - 3) + (G, 1, 1)
+                    return Q @ np.swapaxes(np.tile(K, reps), -1, -2) / np.sqrt(Q.shape[-1])
+            """), "the groups are consecutive heads"),
         },
     },
     "11_decoders": {

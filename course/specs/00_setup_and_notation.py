@@ -8,8 +8,8 @@ HIDDEN = {
     },
     "ex0-2-prediction-tests": {"D": "the predicted shape, as whole numbers"},
     "ex0-3-scores-tests": {
-        "E": "three batch axes with different numbers of queries and keys",
-        "F": "no batch axis at all (plain matrices), including matrices of size one",
+        "E": "two batch axes, six query heads sharing three key heads (G = 2)",
+        "F": "a single key head read by all four query heads (H_KV = 1)",
     },
     "ex0-4-prediction-tests": {"G": "the predicted weight"},
 }
