@@ -70,7 +70,7 @@ SIZES = {
     "large": dict(num_layers=4, d_model=128, num_heads=4, d_ff=512, steps=2000),
 }
 BLOCK_SIZE = 64
-ARTIFACTS = tuple(f"prose_{s}.pt" for s in SIZES) + ("prose_scores.json",)
+ARTIFACTS = tuple(f"prose_{s}.pt" for s in SIZES) + ("prose_scores.json", "prose_long.pt", "prose_long_scores.json")
 
 
 def load_text() -> str:
@@ -423,6 +423,16 @@ def long_main(out, args) -> None:  # pragma: no cover - writes prose_long.pt and
     save_model(Path(out) / "prose_long.pt", *models[(best, 0)])
     chosen = {s: models[(best, s)][0] for s in LONG_RECIPE["seeds"]}
     result = dict(candidates=runs, chosen=best, **long_scores(chosen), classical=classical_scores())
+    splits = data()
+    result["test_first_3000"] = float(bits_after(chosen[0], splits.validation, splits.test[:3000],
+                                                 dtype=torch.float32).mean())
+    # dynamic evaluation: the rate chosen on the first 20,000 validation characters (seed 0)
+    val = {str(lr): float(dynamic_bits(chosen[0], splits.train, splits.validation[:20_000], lr).mean())
+           for lr in (0.0,) + DYNAMIC_LRS}
+    lr = min(DYNAMIC_LRS, key=lambda r: val[str(r)])
+    tests = {str(s): float(dynamic_bits(m, splits.validation, splits.test, lr).mean()) for s, m in chosen.items()}
+    result["dynamic"] = dict(validation_chars=20_000, validation=val, lr=lr, test_seeds=tests,
+                             test=statistics.mean(tests.values()))
     print(f"chosen {best}; wrote", write_json(Path(out) / "prose_long_scores.json", result))
 
 
