@@ -43,7 +43,7 @@ globals().update(exercise_tests({}, [CHAPTER], checks=("names", "hidden", "headi
 
 
 # ---------------------------------------------------------------------------------------------
-# 10.1: the gradient of a padded cross-entropy
+# 10.1: the gradient with label smoothing
 # ---------------------------------------------------------------------------------------------
 
 
@@ -56,49 +56,62 @@ def _onehot(targets, counted, V):
     return np.where(counted, targets, 0)[..., None] == np.arange(V)
 
 
-def ce_divide_by_all(logits, targets, ignore_index=-100):
+def _q(targets, counted, V, epsilon):
+    return (1 - epsilon) * _onehot(targets, counted, V) + epsilon / V
+
+
+def ls_over_v_minus_1(logits, targets, epsilon, ignore_index=-100):
     c = targets != ignore_index
-    return (_softmax_ok(logits) - _onehot(targets, c, logits.shape[-1])) * c[..., None] / targets.size
+    V = logits.shape[-1]
+    oh = _onehot(targets, c, V)
+    q = (1 - epsilon) * oh + epsilon / (V - 1) * (1 - oh)
+    return (_softmax_ok(logits) - q) * c[..., None] / c.sum()
 
 
-def ce_ignored_rows_not_zeroed(logits, targets, ignore_index=-100):
+def ls_not_smoothed(logits, targets, epsilon, ignore_index=-100):
     c = targets != ignore_index
-    return (_softmax_ok(logits) - _onehot(targets, c, logits.shape[-1])) / c.sum()
+    return (_softmax_ok(logits) - _onehot(targets, c, logits.shape[-1])) * c[..., None] / c.sum()
 
 
-def ce_no_minus_one(logits, targets, ignore_index=-100):
+def ls_divide_by_all(logits, targets, epsilon, ignore_index=-100):
     c = targets != ignore_index
-    return _softmax_ok(logits) * c[..., None] / c.sum()
+    return (_softmax_ok(logits) - _q(targets, c, logits.shape[-1], epsilon)) * c[..., None] / targets.size
 
 
-def ce_no_max_shift(logits, targets, ignore_index=-100):
+def ls_ignored_rows_not_zeroed(logits, targets, epsilon, ignore_index=-100):
+    c = targets != ignore_index
+    return (_softmax_ok(logits) - _q(targets, c, logits.shape[-1], epsilon)) / c.sum()
+
+
+def ls_no_max_shift(logits, targets, epsilon, ignore_index=-100):
     c = targets != ignore_index
     with np.errstate(all="ignore"):
         P = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
-    return (P - _onehot(targets, c, logits.shape[-1])) * c[..., None] / c.sum()
+    return (P - _q(targets, c, logits.shape[-1], epsilon)) * c[..., None] / c.sum()
 
 
-def ce_max_wrong_axis(logits, targets, ignore_index=-100):
+def ls_max_wrong_axis(logits, targets, epsilon, ignore_index=-100):
     c = targets != ignore_index
     with np.errstate(all="ignore"):
         z = logits - logits.max(axis=0, keepdims=True)
         P = np.exp(z) / np.exp(z).sum(-1, keepdims=True)
-    return (P - _onehot(targets, c, logits.shape[-1])) * c[..., None] / c.sum()
+    return (P - _q(targets, c, logits.shape[-1], epsilon)) * c[..., None] / c.sum()
 
 
 # (the wrong answer, a phrase of the assertion message that names it, which visible check fails)
 CE_MISTAKES = [
-    (ce_divide_by_all, "dividing by all B*T positions", "padding"),
-    (ce_ignored_rows_not_zeroed, "leaving nonzero rows at ignored positions", "padding"),
-    (ce_no_minus_one, "forgetting to subtract 1 at the target", "padding"),
-    (ce_no_max_shift, "without subtracting the maximum logit", "large"),
-    (ce_max_wrong_axis, "subtracting the maximum over the wrong axis", "large"),
+    (ls_over_v_minus_1, "over the V - 1 wrong classes only", "padding"),
+    (ls_not_smoothed, "leaving the target one-hot", "padding"),
+    (ls_divide_by_all, "dividing by all B*T positions", "padding"),
+    (ls_ignored_rows_not_zeroed, "leaving nonzero rows at ignored positions", "padding"),
+    (ls_no_max_shift, "without subtracting the maximum logit", "large"),
+    (ls_max_wrong_axis, "subtracting the maximum over the wrong axis", "large"),
 ]
 
 
 def _split_ce_visible():
     """The two visible checks of 10.1: (padding part, padding + large-logit part)."""
-    src = _visible("ex10-1-cross-entropy-gradient-tests")
+    src = _visible("ex10-1-smoothed-gradient-tests")
     cut = src.index("_big = ")
     return src[:cut], src
 
@@ -111,7 +124,7 @@ def _large_only(full):
 
 
 def test_ex10_1_solution_passes_visible_and_hidden():
-    check_solution_passes_whole_cell(CHAPTER, "ex10-1-cross-entropy-gradient-tests")
+    check_solution_passes_whole_cell(CHAPTER, "ex10-1-smoothed-gradient-tests")
 
 
 @pytest.mark.parametrize("wrong,phrase,which", CE_MISTAKES, ids=[m[0].__name__ for m in CE_MISTAKES])
@@ -120,15 +133,15 @@ def test_ex10_1_each_named_mistake_fails_its_visible_check(wrong, phrase, which)
     named = re.escape(phrase)  # the failure message names this very mistake
     if which == "padding":
         with pytest.raises(AssertionError, match=named):
-            exec(padding, _namespace(cross_entropy_gradient=wrong))
+            exec(padding, _namespace(smoothed_ce_gradient=wrong))
     else:  # correct on ordinary logits, wrong only at 1e4: passes the first check, fails the second
-        if wrong is not ce_max_wrong_axis:  # (the wrong axis is wrong at any scale)
-            exec(padding, _namespace(cross_entropy_gradient=wrong))
+        if wrong is not ls_max_wrong_axis:  # (the wrong axis is wrong at any scale)
+            exec(padding, _namespace(smoothed_ce_gradient=wrong))
             with pytest.raises(AssertionError, match=named):
-                exec(full, _namespace(cross_entropy_gradient=wrong))
+                exec(full, _namespace(smoothed_ce_gradient=wrong))
         else:
             with pytest.raises(AssertionError, match=named):
-                exec(_large_only(full), _namespace(cross_entropy_gradient=wrong))
+                exec(_large_only(full), _namespace(smoothed_ce_gradient=wrong))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,7 +217,7 @@ def test_ex10_2_solution_passes_visible_and_hidden():
 
 
 def test_every_implement_it_exercise_names_two_mistakes():
-    check_implement_it_exercises_name_two_mistakes(CHAPTER, {"ex10-1-cross-entropy-gradient-tests": CE_MISTAKES,
+    check_implement_it_exercises_name_two_mistakes(CHAPTER, {"ex10-1-smoothed-gradient-tests": CE_MISTAKES,
                                                              "ex10-2-adamw-update-tests": ADAMW_MISTAKES})
 
 

@@ -20,6 +20,9 @@ checkpointing trades for a second forward pass.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 from typing import Any, Callable
 
 import torch
@@ -120,7 +123,7 @@ def profiled_peak_bytes(fn: Callable[[], Any]) -> tuple[Any, int]:
         raise ValueError(f"fn must be callable, got {type(fn).__name__}")
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = fn()
     events = sorted(prof.events(), key=lambda e: e.time_range.start)
     held = peak = 0
@@ -128,6 +131,26 @@ def profiled_peak_bytes(fn: Callable[[], Any]) -> tuple[Any, int]:
         held += e.self_cpu_memory_usage
         peak = max(peak, held)
     return result, peak
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Silence file descriptor 2 (the profiler's C++ start/stop lines, with timestamps, would
+    otherwise reach a notebook's output); Python's own ``sys.stderr`` is left alone."""
+    try:
+        fd = sys.__stderr__.fileno()
+    except (AttributeError, ValueError, OSError):  # no real stderr: nothing to silence
+        yield
+        return
+    saved = os.dup(fd)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+        yield
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
+        os.close(devnull)
 
 
 def forward_checkpointed(model: nn.Module, idx: torch.Tensor) -> torch.Tensor:

@@ -1,9 +1,9 @@
 """Hidden cases of chapter 10 (see README.md in this folder)."""
 
 HIDDEN = {
-    "ex10-1-cross-entropy-gradient-tests": {
-        "A": "the default ignore_index (-100) on a 2-D batch (N, V)",
-        "B": "more than one leading axis, no position ignored",
+    "ex10-1-smoothed-gradient-tests": {
+        "A": "the default ignore_index (-100) on a 2-D batch (N, V), epsilon 0.5",
+        "B": "more than one leading axis, no position ignored, epsilon 0 (plain cross-entropy)",
     },
     "ex10-2-adamw-update-tests": {
         "C": "the first step (t = 1, zero moments) with other betas, eps and weight decay, on a 1-D parameter",
