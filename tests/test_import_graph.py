@@ -17,7 +17,13 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tfbook"
 
 # Circles known and owned by another change, each with the reason; empty when there are none.
-KNOWN_CYCLES: dict[frozenset, str] = {}
+KNOWN_CYCLES: dict[frozenset, str] = {
+    frozenset({"tfbook.torch.models", "tfbook.torch.modern"}):
+        "tfbook.torch.models._causal_llama_applies imports tfbook.torch.modern inside the function "
+        "(the fused training path for LlamaBlocks, commit c4685ac), while modern builds LlamaLM from "
+        "DecoderLM's methods; to remove: move the Llama fast path into modern.py and let "
+        "models._causal_block ask the block for its own fused path",
+}
 
 # The components (the floor everything else stands on) may import only these tfbook modules.
 COMPONENTS = ("tfbook.numpy", "tfbook.torch.functional")
@@ -120,9 +126,11 @@ def test_the_graph_covers_the_package():
 
 
 def test_no_import_cycle():
-    found = [c for c in cycles(import_graph(PACKAGE)) if frozenset(c) not in KNOWN_CYCLES]
-    assert found == [], f"import cycles among tfbook's modules: {found}"
-    assert all(reason for reason in KNOWN_CYCLES.values())
+    found = cycles(import_graph(PACKAGE))
+    new = [c for c in found if frozenset(c) not in KNOWN_CYCLES]
+    assert new == [], f"import cycles among tfbook's modules: {new}"
+    # each known circle still exists (remove it from the list once it is gone) and says why
+    assert all(known in map(frozenset, found) and reason for known, reason in KNOWN_CYCLES.items())
 
 
 def test_components_import_nothing_above_them():
