@@ -4,9 +4,10 @@ Every transformer component is implemented twice, with the same names and
 arguments:
 
 * :mod:`tfbook.numpy` -- NumPy reference implementations (plain functions,
-  explicit parameter dicts, no hidden state);
+  explicit parameter dicts, no hidden state), one module per topic;
 * :mod:`tfbook.torch` -- the same functions for ``torch.Tensor`` (autograd, any
-  device) plus ``nn.Module`` classes and small models for training.
+  device; :mod:`tfbook.torch.functional`, in modules of the same names) plus
+  ``nn.Module`` classes and small models for training.
 
 Notation (the same in the text, the code and the tests)
 -------------------------------------------------------

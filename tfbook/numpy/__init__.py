@@ -23,8 +23,9 @@ module             what it holds
 =================  ============================================================================
 
 This package re-exports every public function of the first nine modules (its ``__all__``),
-so ``tfbook.numpy.softmax`` is ``tfbook.numpy.attention.softmax``. Private helpers shared by
-several modules live in ``_common``.
+so ``tfbook.numpy.softmax`` is ``tfbook.numpy.attention.softmax``, except a few chapter-specific
+helpers that are reached by their module (chapter 7's schemes in ``positions``, chapter 1's
+video ``tubelets`` in ``vision``). Private helpers shared by several modules live in ``_common``.
 
 Conventions (see :mod:`tfbook` for the notation table): row vectors, so a sequence
 is ``X (..., T, D)`` and ``Q = X @ W_Q`` with ``W_Q (D, D_K)``; masks are boolean
