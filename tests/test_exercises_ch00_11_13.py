@@ -18,17 +18,15 @@ from exercise_harness import code, exercise_tests, variant
 CHAPTERS = ("00_setup_and_notation", "11_decoders", "12_encoder_decoder", "13_language_model")
 
 
-def _decoder_block(self="self_mask", kv="memory", cross="cross_mask", activation="relu") -> str:
-    """The Post-LN decoder block, with a mistake put in by replacing one of its arguments."""
+def _packed(self="causal & same", cross="tp[:, None] == sp[None, :]") -> str:
+    """packed_masks with a mistake put in by replacing how one mask is built."""
     return code(f"""
-        def my_decoder_block(X, memory, params, num_heads, self_mask=None, cross_mask=None):
-            def norm(Y, name):
-                return tnp.layer_norm(Y, params[name]["gamma"], params[name]["beta"])
-            Z, _ = tnp.multi_head_attention(X, X, params["self_attn"], num_heads, mask={self})
-            X = norm(X + Z, "norm1")
-            Z, _ = tnp.multi_head_attention(X, {kv}, params["cross_attn"], num_heads, mask={cross})
-            X = norm(X + Z, "norm2")
-            return norm(X + tnp.feed_forward(X, params["ffn"], activation="{activation}"), "norm3")
+        def packed_masks(src_lengths, tgt_lengths):
+            tp = np.repeat(np.arange(len(tgt_lengths)), tgt_lengths)
+            sp = np.repeat(np.arange(len(src_lengths)), src_lengths)
+            causal = np.tril(np.ones((len(tp), len(tp)), dtype=bool))
+            same = tp[:, None] == tp[None, :]
+            return {self}, {cross}
     """)
 
 
@@ -157,22 +155,13 @@ MISTAKES: dict[str, dict[str, dict[str, tuple[str, str]]]] = {
         },
     },
     "12_encoder_decoder": {
-        "ex12-1-decoder-block-tests": {
-            "Pre-LN": (code("""
-                def my_decoder_block(X, memory, params, num_heads, self_mask=None, cross_mask=None):
-                    def norm(Y, name):
-                        return tnp.layer_norm(Y, params[name]["gamma"], params[name]["beta"])
-                    Y = norm(X, "norm1")
-                    X = X + tnp.multi_head_attention(Y, Y, params["self_attn"], num_heads, mask=self_mask)[0]
-                    X = X + tnp.multi_head_attention(norm(X, "norm2"), memory, params["cross_attn"], num_heads,
-                                                     mask=cross_mask)[0]
-                    return X + tnp.feed_forward(norm(X, "norm3"), params["ffn"], activation="relu")
-            """), "this is the Pre-LN block"),
-            "cross-attention reads X": (_decoder_block(kv="X", cross="None"),
-                                        "the cross-attention read X, not the memory"),
-            "self_mask not applied": (_decoder_block(self="None"), "the causal self_mask was not applied"),
-            "cross_mask ignored": (_decoder_block(cross="None"), "cross_mask was ignored"),
-            "GELU": (_decoder_block(activation="gelu"), "the MLP used GELU"),
+        "ex12-1-packed-masks-tests": {
+            "cross all True": (_packed(cross="np.ones((len(tp), len(sp)), dtype=bool)"),
+                               "the cross mask must be block-diagonal"),
+            "causal over the whole row": (_packed(self="causal"), "the self mask must also be block-diagonal"),
+            "not causal": (_packed(self="same"), "the self mask must be causal"),
+            "cross transposed": (_packed(cross="(tp[:, None] == sp[None, :]).T"), "rows are target tokens"),
+            "diagonal left out": (_packed(self="np.tril(causal, -1) & same"), "missing True entries"),
         },
     },
     "13_language_model": {

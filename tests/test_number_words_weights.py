@@ -44,3 +44,18 @@ def test_retraining_reproduces(one_thread):
     # the first steps do not depend on accumulated round-off: they agree closely
     np.testing.assert_allclose(history.loss[:5], shipped.loss[:5], rtol=1e-4)
     assert not torch.are_deterministic_algorithms_enabled()  # train() restored the setting
+
+
+def test_shipped_seeds_meet_the_bar(one_thread):
+    """Seeds 1 and 2 ship in float16 (chapter 12 reports every figure over three seeds)."""
+    losses0 = nw.load_pretrained(seed=0)[1].loss
+    for seed in nw.SEEDS[1:]:
+        model, history = nw.load_pretrained(seed=seed)
+        assert nw.evaluate(model, "test") >= 0.99
+        assert len(history.loss) == nw.RECIPE["steps"] and history.loss[0] != losses0[0]   # another run
+    try:
+        nw.load_pretrained(seed=3)
+    except ValueError as e:
+        assert "seed" in str(e)
+    else:
+        raise AssertionError("seed 3 does not ship: load_pretrained must say so")

@@ -13,9 +13,12 @@ the long ones. The metric (:func:`evaluate`) is the exact-match rate of greedy d
 
 Training takes a few minutes on a 2-core CPU, more than a notebook's budget, so the
 weights (``number_words.pt``) and the loss of every step (``number_words_losses.json``)
-ship in ``tfbook/weights/``; :func:`load_pretrained` reads both. Regenerate them with::
+ship in ``tfbook/weights/``; :func:`load_pretrained` reads both. Two more training seeds
+(:data:`SEEDS`), so that the chapter can report every figure over three runs, ship in
+``number_words_seeds.pt`` (float16 weights, half the file; their losses as float32):
+``load_pretrained(seed=1)``. Regenerate them with::
 
-    python -m tfbook.tasks.number_words            # or --out DIR
+    python -m tfbook.tasks.number_words            # or --out DIR; --seeds 0 to skip the extra seeds
 
 (``tests/test_number_words_weights.py`` retrains once and checks the result agrees.)
 """
@@ -38,7 +41,7 @@ __all__ = [
     "MAX_VALUE", "WORDS", "PAD", "BOS", "EOS", "RECIPE", "ARTIFACTS",
     "data", "config", "make_model", "train", "evaluate", "load_pretrained", "save", "main",
     "words_of", "encode_source", "encode_target", "decode_target", "source_batch",
-    "training_batch", "translate", "exact_match",
+    "training_batch", "translate", "exact_match", "SEEDS",
 ]
 
 MAX_VALUE = 9999  # numbers 0..9999
@@ -52,7 +55,9 @@ _SRC_ID = {w: i + 1 for i, w in enumerate(WORDS)}
 RECIPE = dict(steps=1000, batch_size=128, lr=3e-3, hold=0.6, grad_clip=1.0, seed=0,
               test_fraction=0.1, n_validation=500)
 #: the files ``python -m tfbook.tasks.number_words`` writes
-ARTIFACTS = ("number_words.pt", "number_words_losses.json")
+ARTIFACTS = ("number_words.pt", "number_words_losses.json", "number_words_seeds.pt")
+#: the training seeds that ship: seed 0 in float32 (the chapter's main model), the others in float16
+SEEDS = (0, 1, 2)
 
 
 def data(seed: int = 0) -> Splits:
@@ -164,37 +169,56 @@ def evaluate(model: EncoderDecoder, split="validation") -> float:
     return exact_match(model, pick(data(), split))
 
 
-def load_pretrained(folder=None) -> tuple[EncoderDecoder, History]:
-    """The shipped model (float32, eval mode) and its training history (``loss`` per step).
-    ``folder``: read the two :data:`ARTIFACTS` from there instead (e.g. a regenerated set)."""
+def load_pretrained(folder=None, seed: int = 0) -> tuple[EncoderDecoder, History]:
+    """The shipped model of training seed ``seed`` (one of :data:`SEEDS`; float32, eval mode)
+    and its training history (``loss`` per step). ``folder``: read the :data:`ARTIFACTS`
+    from there instead (e.g. a regenerated set)."""
+    if seed not in SEEDS:
+        raise ValueError(f"seed must be one of {SEEDS}, got {seed!r}")
     paths = [shipped(n) if folder is None else Path(folder) / n for n in ARTIFACTS]
-    with paths[0].open("rb") as f:
-        state = torch.load(f, map_location="cpu", weights_only=True)
     model = make_model(0)
+    if seed == 0:
+        with paths[0].open("rb") as f:
+            state = torch.load(f, map_location="cpu", weights_only=True)
+        with paths[1].open() as f:
+            losses = json.load(f)
+    else:
+        with paths[2].open("rb") as f:
+            runs = torch.load(f, map_location="cpu", weights_only=True)
+        state = {k: v.float() for k, v in runs[seed]["state_dict"].items()}
+        losses = [float(x) for x in runs[seed]["loss"]]
     model.load_state_dict(state)
-    with paths[1].open() as f:
-        losses = json.load(f)
-    return model.eval(), History(loss=losses, extra={"recipe": dict(RECIPE)})
+    return model.eval(), History(loss=losses, extra={"recipe": dict(RECIPE, seed=seed)})
 
 
-def save(model: EncoderDecoder, history: History, folder) -> list:
-    """Write the :data:`ARTIFACTS` into ``folder``: float32 weights and the losses as JSON
-    (7 significant digits, the precision of float32)."""
+def save(model: EncoderDecoder, history: History, folder, others: dict | None = None) -> list:
+    """Write the :data:`ARTIFACTS` into ``folder``: seed 0's float32 weights and its losses as
+    JSON (7 significant digits, the precision of float32); with ``others`` (``{seed: (model,
+    history)}``), the other seeds' float16 weights and float32 losses in one file."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, folder / ARTIFACTS[0])
     write_json(folder / ARTIFACTS[1], [float(f"{x:.7g}") for x in history.loss])
-    return [folder / n for n in ARTIFACTS]
+    written = [folder / ARTIFACTS[0], folder / ARTIFACTS[1]]
+    if others:
+        torch.save({int(sd): {"state_dict": {k: v.detach().half().clone() for k, v in m.state_dict().items()},
+                              "loss": torch.tensor(h.loss, dtype=torch.float32)}
+                    for sd, (m, h) in others.items()}, folder / ARTIFACTS[2])
+        written.append(folder / ARTIFACTS[2])
+    return written
 
 
 def main(argv=None) -> None:  # pragma: no cover - the command that writes the shipped artifacts
     def run(out, args):
         model, history = train(disable=False)
-        paths = save(model, history, out)
+        others = {sd: train(seed=sd, disable=False) for sd in SEEDS[1:]} if args.seeds else None
+        paths = save(model, history, out, others)
         print(f"number words: mean loss of the last 50 steps {np.mean(history.loss[-50:]):.3g}; "
               f"validation exact match {evaluate(model, 'validation'):.4f}; wrote {', '.join(map(str, paths))}")
 
-    cli(__doc__, run, argv=argv)
+    cli(__doc__, run, argv=argv,
+        add_arguments=lambda p: p.add_argument("--seeds", type=int, default=1,
+                                               help="1: also train seeds 1 and 2 (default); 0: seed 0 only"))
 
 
 if __name__ == "__main__":  # pragma: no cover
