@@ -117,7 +117,7 @@ def test_llama_blocks_take_the_same_path_bitwise(rope, dtype, monkeypatch):
     m = LlamaLM(LlamaLMConfig(vocab_size=11, block_size=16, d_model=32, num_heads=4, num_kv_heads=2,
                               num_layers=2, d_ff=48, rope=rope)).to(dtype)
     block = m.blocks[0]
-    assert M._causal_llama_applies(block) and not M._causal_block_applies(block)
+    assert block._causal_applies() and not M._causal_block_applies(block)
     X = torch.randn(3, 16, 32, dtype=dtype, requires_grad=True)
     mask = F.causal_mask(16)
     ours, ref = M._causal_block(block, X, mask), block(X, mask=mask)
@@ -138,5 +138,5 @@ def test_llama_blocks_take_the_same_path_bitwise(rope, dtype, monkeypatch):
     torch.testing.assert_close(logits, ref_logits, atol=1e-12 if dtype == torch.float64 else 1e-5, rtol=0)
     # a hook sends the block back through its own forward (which then runs with the explicit mask)
     h = block.attn.register_forward_hook(lambda mod, args, out: None)
-    assert not M._causal_llama_applies(block)
+    assert not block._causal_applies()
     h.remove()

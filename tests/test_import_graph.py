@@ -17,13 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tfbook"
 
 # Circles known and owned by another change, each with the reason; empty when there are none.
-KNOWN_CYCLES: dict[frozenset, str] = {
-    frozenset({"tfbook.torch.models", "tfbook.torch.modern"}):
-        "tfbook.torch.models._causal_llama_applies imports tfbook.torch.modern inside the function "
-        "(the fused training path for LlamaBlocks, commit c4685ac), while modern builds LlamaLM from "
-        "DecoderLM's methods; to remove: move the Llama fast path into modern.py and let "
-        "models._causal_block ask the block for its own fused path",
-}
+KNOWN_CYCLES: dict[frozenset, str] = {}  # none: a circle found is a failure
 
 # The components (the floor everything else stands on) may import only these tfbook modules.
 COMPONENTS = ("tfbook.numpy", "tfbook.torch.functional")

@@ -322,34 +322,14 @@ def _causal_block_applies(block) -> bool:
             and type(block.ffn) is FeedForward and _no_hooks(block, block.attn, block.ffn))
 
 
-def _causal_llama_applies(block) -> bool:
-    """Whether :func:`_causal_block` computes ``block`` as a plain ``LlamaBlock`` (no hooks)."""
-    from .modern import GroupedQueryAttention, LlamaBlock
-
-    return (type(block) is LlamaBlock and type(block.attn) is GroupedQueryAttention
-            and _no_hooks(block, block.attn))
-
-
-def _causal_llama_block(block, X: torch.Tensor) -> torch.Tensor:
-    """``LlamaBlock(X, mask=causal)``: the same operations as ``GroupedQueryAttention.forward``,
-    with the fused kernel told ``is_causal=True`` (and ``enable_gqa``) instead of given a mask."""
-    attn = block.attn
-    V.check_last_dim("X", X, attn.d_model, "d_model")
-    Y = block.norm_attn(X)
-    Q = F.split_heads(Y @ attn.W_Q, attn.num_heads)  # (B, H, T, D_K)
-    K = F.split_heads(Y @ attn.W_K, attn.num_kv_heads)  # (B, H_kv, T, D_K)
-    Vh = F.split_heads(Y @ attn.W_V, attn.num_kv_heads)  # (B, H_kv, T, D_K)
-    Q, K = attn._rotate(Q, 0), attn._rotate(K, 0)
-    Z = nn.functional.scaled_dot_product_attention(Q, K, Vh, is_causal=True, enable_gqa=True)
-    X = X + F.merge_heads(Z) @ attn.W_O
-    return X + block.mlp(block.norm_mlp(X))
-
-
 def _causal_block(block, X: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``block(X, mask=mask)`` with ``mask`` the causal mask, for :class:`DecoderLM`'s path without ``P``.
 
-    A plain ``LlamaBlock`` (LlamaLM's) goes to :func:`_causal_llama_block`; any other block, or
-    one with hooks, is simply called. For a plain :class:`EncoderBlock` this is the block's computation written out here, with the
+    A block class that has its own fused causal path (``LlamaBlock._causal_forward``, in
+    :mod:`tfbook.torch.modern`) computes itself that way when the method applies (it returns
+    ``None`` where it does not: a subclass, a replaced part, hooks); any other block, or one
+    with hooks, is simply called. This module never imports :mod:`tfbook.torch.modern`, which
+    builds on it. For a plain :class:`EncoderBlock` this is the block's computation written out here, with the
     same parameters and the same operations as :class:`EncoderBlock` (tested bitwise equal on
     the CPU), and three differences that only the speed sees: attention is PyTorch's fused
     kernel told ``is_causal=True`` instead of given ``mask`` (``mask`` must be the causal
@@ -360,9 +340,9 @@ def _causal_block(block, X: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     added inside the products (:func:`_affine`).
     """
     if not _causal_block_applies(block):
-        if _causal_llama_applies(block):  # LlamaLM's blocks: the same change, in their own layout
-            return _causal_llama_block(block, X)
-        return block(X, mask=mask)
+        fused = getattr(block, "_causal_forward", None)  # LlamaLM's blocks: the same change, their layout
+        Y = fused(X) if fused is not None else None
+        return Y if Y is not None else block(X, mask=mask)
     attn, ffn = block.attn, block.ffn
     H, D = attn.num_heads, attn.d_model
 

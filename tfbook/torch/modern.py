@@ -29,7 +29,7 @@ from torch.nn import functional as TNF
 from .. import _validate as V
 from .functional import modern as FM
 from . import functional as F
-from .models import DecoderLM
+from .models import DecoderLM, _no_hooks
 from .modules import KVCache
 
 __all__ = [
@@ -247,6 +247,29 @@ class LlamaBlock(nn.Module):
         X = X + Z
         X = X + self.mlp(self.norm_mlp(X))
         return (X, P) if return_attention else X
+
+    def _causal_applies(self) -> bool:
+        """Whether :meth:`_causal_forward` computes this block (a plain ``LlamaBlock``, no hooks)."""
+        return (type(self) is LlamaBlock and type(self.attn) is GroupedQueryAttention
+                and _no_hooks(self, self.attn))
+
+    def _causal_forward(self, X: torch.Tensor) -> torch.Tensor | None:
+        """``self(X, mask=causal)`` for DecoderLM's path without ``P`` (``models._causal_block``):
+        the same operations as :meth:`GroupedQueryAttention.forward`, with the fused kernel told
+        ``is_causal=True`` (and ``enable_gqa``) instead of given a mask; ``None`` where it does not
+        apply (:meth:`_causal_applies`), and the caller then calls the block."""
+        if not self._causal_applies():
+            return None
+        attn = self.attn
+        V.check_last_dim("X", X, attn.d_model, "d_model")
+        Y = self.norm_attn(X)
+        Q = F.split_heads(Y @ attn.W_Q, attn.num_heads)  # (B, H, T, D_K)
+        K = F.split_heads(Y @ attn.W_K, attn.num_kv_heads)  # (B, H_kv, T, D_K)
+        Vh = F.split_heads(Y @ attn.W_V, attn.num_kv_heads)  # (B, H_kv, T, D_K)
+        Q, K = attn._rotate(Q, 0), attn._rotate(K, 0)
+        Z = TNF.scaled_dot_product_attention(Q, K, Vh, is_causal=True, enable_gqa=True)
+        X = X + F.merge_heads(Z) @ attn.W_O
+        return X + self.mlp(self.norm_mlp(X))
 
     def numpy_params(self) -> dict:
         return {"norm_attn": self.norm_attn.numpy_params(), "attn": self.attn.numpy_params(),
