@@ -92,7 +92,7 @@ test-profile-b: $(STAMP) sevenzip
 
 # ---- graded exercises (see the README, "Graded exercises") -------------------------
 #   make release                          student notebooks into _build/release/<chapter>/
-#   make grade SUBMISSIONS=path/to/folder [TIMEOUT=60] [JOBS=<cores>]
+#   make grade SUBMISSIONS=path/to/folder [TIMEOUT=60] [JOBS=<cores>] [SHARD=k/N]
 #                                         grades.csv, exercises.csv/.png, feedback/ in _build/grades/
 # Every submission runs in a bubblewrap sandbox (Debian's package, installed here like
 # chromium for the tests). nbgrader (release) starts `alembic` from PATH: venv bin first.
@@ -113,8 +113,8 @@ release: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m tfbook.course release
 
 grade: $(STAMP) bwrap
-	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=path/to/folder [TIMEOUT=60] [JOBS=2]" >&2; exit 2; }
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m tfbook.course grade "$(SUBMISSIONS)" --timeout "$(TIMEOUT)" --jobs "$(JOBS)"
+	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=path/to/folder [TIMEOUT=60] [JOBS=2] [SHARD=k/N]" >&2; exit 2; }
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m tfbook.course grade "$(SUBMISSIONS)" --timeout "$(TIMEOUT)" --jobs "$(JOBS)" $(if $(SHARD),--shard "$(SHARD)" --out "_build/grades-$(subst /,-of-,$(SHARD))")
 
 clean:
 	rm -rf _build _stage _vendor

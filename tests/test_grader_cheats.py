@@ -90,19 +90,27 @@ def test_hidden_diagnosis_names_a_property_only():
         p = e / e.sum(axis=axis, keepdims=True)
         return p[::-1] if x.ndim == 1 else p
 
-    results = {}
-    for k, (blob, _) in enumerate(calls):
-        args, kwargs = pickle.loads(blob)
-        with np.errstate(all="ignore"):
-            results[k] = (True, naive(*args, **kwargs))
-    verdict = judge.evaluate({}, {gid: {"softmax": results}})[gid]
+    def answers(fn):
+        """The results of ``fn`` as the sandbox reports them: hidden calls by their index,
+        the visible checks' calls by the digest of their inputs."""
+        results, visible = {}, []
+        for k, (blob, d, part, _) in enumerate(calls):
+            args, kwargs = pickle.loads(blob)
+            with np.errstate(all="ignore"):
+                r = (True, fn(*args, **kwargs))
+            if part == "h":
+                results[k] = r
+            else:
+                visible.append((d, r))
+        return {gid: {"softmax": results}}, {gid: {"softmax": visible}}
+
+    verdict = judge.evaluate({}, *answers(naive))[gid]
     assert not verdict["passed"] and verdict["part"] == "hidden"
     assert verdict["diagnosis"] == "hidden case C: wrong values (a 1-D input (a single vector of logits))"
     for leak in ("1e4", "10000", "expected", "got", "(2, 3)", "index"):
         assert leak not in verdict["diagnosis"], leak
     # the right answer passes, so the check can fail either way
-    good = {k: (True, tnp.softmax(*pickle.loads(b)[0], **pickle.loads(b)[1])) for k, (b, _) in enumerate(calls)}
-    assert judge.evaluate({}, {gid: {"softmax": good}})[gid]["passed"]
+    assert judge.evaluate({}, *answers(tnp.softmax))[gid]["passed"]
 
 
 def test_a_dead_judge_costs_one_row_not_the_batch():

@@ -16,6 +16,7 @@ import stat
 import uuid
 from pathlib import Path
 
+import nbformat
 import numpy as np
 import pytest
 from conftest import processes_with
@@ -113,3 +114,86 @@ def test_a_checkout_under_tmp_stays_visible(monkeypatch):
         bind = next(i for i in range(len(cmd) - 2)
                     if cmd[i] == "--ro-bind" and cmd[i + 1] == str(path) and cmd[i + 2] == str(path))
         assert bind > tmpfs_tmp, f"{path} is bound before /tmp is mounted over it"
+
+
+def test_wire_refuses_degenerate_arrays():
+    """145 bytes that claim 10^12 elements of zero bytes each: refused before the judge sees them."""
+    import base64
+
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": "|S0", "fortran_order": False, "shape": (10**12,)})
+    with pytest.raises(course_wire.Undecodable, match="degenerate"):
+        course_wire.decode({"t": "ndarray", "npy": base64.b64encode(buf.getvalue()).decode()})
+    ok = course_wire.encode(np.zeros(3, dtype="S2"))
+    assert course_wire.decode(ok).shape == (3,)  # the check can pass
+
+
+def test_in_place_changes_reach_the_replay():
+    x, y = np.arange(3.0), {"m": np.ones(2)}
+    args, kwargs = (x.copy(),), {"state": {"m": y["m"].copy()}}
+    leaves = course_wire.array_leaves(args, kwargs)
+    before = course_wire.snapshot(leaves)
+    args[0][1] = 7.0  # what a student's function did to its inputs
+    kwargs["state"]["m"] *= 3
+    changes = [(p, course_wire.decode(e)) for p, e in course_wire.changed_leaves(leaves, before)]
+    assert [p for p, _ in changes] == [["a", 0], ["k", "state", "m"]]
+    course_wire.apply_changes((x,), {"state": y}, changes)
+    assert x.tolist() == [0.0, 7.0, 2.0] and y["m"].tolist() == [3.0, 3.0]
+    assert course_wire.changed_leaves(leaves, course_wire.snapshot(leaves)) == []  # unchanged: nothing
+    # a list and a tuple with the same items are the same input
+    assert course_wire.digest(([1.0, 2.0],), {}) == course_wire.digest(((1.0, 2.0),), {})
+    assert course_wire.digest(([1.0, 2.0],), {}) != course_wire.digest(([2.0, 1.0],), {})
+
+
+def test_student_text_escaped_for_each_medium():
+    from tfbook.course import report
+
+    assert report.csv_cell("=HYPERLINK(1)") == "'=HYPERLINK(1)" and report.csv_cell("ada") == "ada"
+    assert report.csv_cell("-1+2") == "'-1+2" and report.csv_cell("\t=1") == " =1"
+    assert report.terminal("a\x1b[2Jb\x1b]8;;http://x\x07c\n") == "a [2Jb ]8;;http://x c "
+    assert "\u202e" not in report.terminal("name\u202eevil")
+
+
+def test_policy_finds_a_reference_function_however_imported():
+    from tfbook.course import judge, policies
+
+    master = nbformat.read(str(MASTER), as_version=4)
+    plan = judge.plan(master, CH0)
+    rules = policies.load()
+    assert "ex0-1-softmax-tests" in rules
+
+    def student(answer, extra=()):
+        nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("from tfbook import numpy as tnp")])
+        cell = nbformat.v4.new_code_cell(answer)
+        cell.metadata["nbgrader"] = {"grade_id": "ex0-1-softmax", "solution": True}
+        nb.cells += [nbformat.v4.new_code_cell(e) for e in extra] + [cell]
+        return policies.violations(plan, nb, plan.sources, rules)
+
+    assert student("def softmax(x, axis=-1):\n    return tnp.softmax(x, axis)")  # an alias
+    assert student("from tfbook.numpy import softmax as s\nsoftmax = s")
+    assert student("def softmax(x, axis=-1):\n    return torch.tensor(x).softmax(axis).numpy()")
+    assert student("def softmax(x, axis=-1):\n    return _helper(x, axis)",
+                   ["def _helper(x, axis):\n    return tnp.softmax(x, axis)"])  # through a helper
+    honest = "def softmax(x, axis=-1):\n    e = np.exp(x - x.max(axis, keepdims=True))\n    return e / e.sum(axis, keepdims=True)"
+    assert not student(honest)
+    assert not student(honest, ["print(abs(softmax(1.0 * np.arange(3)) - tnp.softmax(1.0 * np.arange(3))).max())"])
+
+
+def test_each_sandbox_has_its_own_user_and_budget():
+    limits = course_sandbox.Limits()
+    if os.geteuid() != 0:
+        pytest.skip("per-sandbox users need root")
+    slots = course_sandbox.Slots(2, limits)
+    try:
+        uids = [s.uid for s in slots.all]
+        assert len(set(uids)) == 2 and all(u >= course_sandbox.SLOT_UID for u in uids)
+        cmd = course_sandbox.bwrap_command({}, ["true"], limits, uid=uids[1])
+        assert cmd[cmd.index("TFBOOK_SANDBOX_UID") + 1] == str(uids[1])
+        assert course_sandbox.nproc_limit(limits, 2, per_uid=True) == limits.processes
+        if slots.cgroups:  # where the system lets root make control groups: one per slot
+            s = slots.all[0]
+            assert set(s.groups) == set(slots.cgroups)
+            assert all(g.is_dir() for g in s.groups.values())
+    finally:
+        slots.remove()
+    assert not any(g.exists() for s in slots.all for g in s.groups.values())

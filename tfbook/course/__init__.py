@@ -1,7 +1,8 @@
 """Instructor and student commands for the graded exercises (offline).
 
     python -m tfbook.course release [--out DIR] [NOTEBOOK ...]
-    python -m tfbook.course grade SUBMISSIONS_DIR [--out DIR] [--timeout S] [--jobs N]
+    python -m tfbook.course grade SUBMISSIONS_DIR [--out DIR] [--timeout S] [--jobs N] [--shard K/N]
+    python -m tfbook.course merge PART_DIR ... [--out DIR]
     python -m tfbook.course check NOTEBOOK
 
 ``release`` turns each chapter notebook (the nbgrader "source" notebook; the
@@ -21,7 +22,11 @@ Statuses: ``graded``; ``timeout`` (a cell was interrupted, or skipped because it
 not stop; the rest was graded); ``crashed`` (a cell crashed the process; the notebook
 was graded again without it); ``unreadable`` (not a notebook: empty file, corrupt
 JSON); ``missing`` (no notebook in the folder); ``error`` (the grader could not judge
-it; the reason says why); ``unknown-assignment`` (no chapter notebook of that name).
+it; the reason says why); ``refused`` (a symbolic link, or a folder or notebook graded
+already: never followed); ``skipped`` (a folder whose name starts with a dot);
+``unknown-assignment`` (no chapter notebook of that name).
+
+``merge`` joins the output folders of ``grade --shard k/N`` runs into one.
 
 ``check`` runs a notebook's visible tests on the student's machine and prints the same
 messages the grader's feedback shows.
@@ -35,9 +40,12 @@ import it; its modules import each other in one direction only):
 - :mod:`tfbook.course.judge`: the master's tests replayed on a student's results (wire);
 - :mod:`tfbook.course.release`: student notebooks, secret regions, leak checks;
 - :mod:`tfbook.course.report`: feedback pages, the per-exercise table, the console (release);
-- :mod:`tfbook.course.grade`: the batch (judge, sandbox, wire, report, release);
+- :mod:`tfbook.course.policies`: an instructor's rules (``course/policies.py``), e.g. forbidden
+  reference functions;
+- :mod:`tfbook.course.grade`: the batch, ``--shard k/N`` and ``merge`` (judge, sandbox, wire,
+  report, release, policies);
 - :mod:`tfbook.course.demo`: a generated class that attacks the grader (release);
 - ``python -m tfbook.course`` (``__main__``): the command line (release, grade, sandbox).
 """
 
-__all__ = ["wire", "sandbox", "driver", "judge", "release", "report", "grade", "demo"]
+__all__ = ["wire", "sandbox", "driver", "judge", "release", "report", "policies", "grade", "demo"]

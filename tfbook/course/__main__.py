@@ -33,6 +33,11 @@ def main(argv: list[str] | None = None) -> int:
                       help="memory limit of a submission in GiB (default 4)")
     p_gr.add_argument("--no-sandbox", action="store_true",
                       help="grade without bubblewrap (UNSAFE: student code gets your rights)")
+    p_gr.add_argument("--shard", default=None, metavar="K/N",
+                      help="grade only the K-th of N parts of the class (join the parts with `merge`)")
+    p_mg = sub.add_parser("merge", help="join the output folders of `grade --shard K/N` runs")
+    p_mg.add_argument("parts", nargs="+", type=Path, help="the --out folders of the shards")
+    p_mg.add_argument("--out", type=Path, default=ROOT / "_build" / "grades")
     p_ch = sub.add_parser("check", help="run a notebook's visible tests here, as the grader would")
     p_ch.add_argument("notebook", type=Path)
     p_ch.add_argument("--timeout", type=float, default=60)
@@ -46,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
             failed = grade.check_notebook(args.notebook, timeout=args.timeout)
             print("all visible checks passed" if not failed else f"{failed} test cell(s) failed")
             return 1 if failed else 0
+        elif args.command == "merge":
+            grade.merge(args.parts, args.out)
         else:
             if args.jobs is not None and args.jobs < 1:
                 parser.error("--jobs must be at least 1")
@@ -57,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
                                            cpu_seconds=int(args.total_timeout) + 30)
             rows = grade.grade(args.submissions, out=args.out, timeout=args.timeout,
                                       total_timeout=args.total_timeout, jobs=args.jobs,
-                                      use_sandbox=False if args.no_sandbox else None, limits=limits)
+                                      use_sandbox=False if args.no_sandbox else None, limits=limits,
+                                      shard=args.shard)
             print(f"graded {len(rows)} submission(s) in {time.perf_counter() - start:.1f} s: "
                   f"{args.out / 'grades.csv'}, {args.out / 'exercises.csv'}, feedback in "
                   f"{args.out / 'feedback'}")

@@ -3,9 +3,13 @@ for instructors who want to see what ``grade`` does with them.
 
     python -m tfbook.course.demo OUT_DIR      # writes OUT_DIR/submissions and prints the table
 
-Every attack answers the first three exercises of chapter 0 correctly (6 points) and
-sets the last prediction to the right value *only if the attack worked*: so a student
-scores 7 when the attack succeeded and 6 when it was stopped. ``EXPECTED`` is what the
+Every attack on the sandbox answers the first three exercises of chapter 0 correctly (6
+points) and sets the last prediction to the right value *only if the attack worked*: so a
+student scores 7 when the attack succeeded and 6 when it was stopped. The attacks on the
+grading itself (leaking hidden inputs through names, phase detection, forged values and
+peaks, symbolic links, in-place changes, float16 tolerances, faults while a value is read,
+odd names) each score what the honest work deserves; a synthetic chapter
+(``synthetic_master``) carries the exercises that check in-place changes, a dtype and a cache. ``EXPECTED`` is what the
 sandboxed grader must give; ``UNSANDBOXED`` what the same attacks get without it.
 """
 
@@ -179,12 +183,189 @@ NO_MAX = """def self_attention(X, W_Q, W_K, W_V, mask=None):
     return P @ V, P
 """
 
+# ----------------------------------------------------------------- attacks on the grading itself
+# (issue 28): each scores what the honest work deserves; the test asserts each row
+SOFTMAX = """def softmax(x, axis=-1):
+    x = np.asarray(x)
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+"""
+# garbage while the visible checks run, right answers once a later cell has run (the hidden phase)
+PHASE = """_phase = {"hidden": False}
+def softmax(x, axis=-1):
+    if not _phase["hidden"]:
+        return np.full(np.shape(x), 0.5)
+    x = np.asarray(x)
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+"""
+# the inputs, encoded in an exception's class name registered in builtins
+RAISE_NAME = """import builtins
+def softmax(x, axis=-1):
+    _name = "LEAKX_" + "_".join(str(int(abs(v))) for v in np.ravel(x)[:3])
+    _cls = type(_name, (Exception,), {})
+    setattr(builtins, _name, _cls)
+    raise _cls()
+"""
+# the inputs, encoded in the class name of a returned object that claims to be torch's
+TYPE_NAME = """def softmax(x, axis=-1):
+    _name = "LEAKX_" + "_".join(str(int(abs(v))) for v in np.ravel(x)[:3])
+    return type(_name, (), {"__module__": "torch.leak"})()
+"""
+# what it prints: a MathJax javascript: link, terminal escapes (an OSC 8 link, clear screen)
+PRINT_HTML = SOFTMAX.replace("    x = np.asarray(x)\n", "    x = np.asarray(x)\n"
+                             "    print('✘ $\\\\href{javascript:alert(1)}{click}$ \\x1b]8;;http://evil.example\\x07"
+                             "link\\x1b]8;;\\x07 \\x1b[2J')\n", 1)
+# the book's own reference function as the answer
+REFERENCE = "from tfbook.numpy import softmax\n"
+# a value that raises SystemExit, or never stops, when the grader reads it after its test cell
+EXIT_VALUE = """class _Shape(tuple):
+    def __iter__(self):
+        raise SystemExit(0)
+prediction_0_2 = _Shape((2, 4, 3, 5))
+"""
+HANG_VALUE = """class _Shape(tuple):
+    def __iter__(self):
+        while True:
+            try:
+                pass
+            except BaseException:
+                pass
+prediction_0_2 = _Shape((2, 4, 3, 5))
+"""
+# a forged value: 10^12 elements of zero bytes each, sent in place of prediction_0_2
+# (the driver's own globals, found by the garbage collector: the student's code runs in its process)
+DRIVER = """import gc, sys
+_driver = next(d for d in gc.get_objects() if isinstance(d, dict) and "_encode_value" in d and "_call" in d)
+"""
+ZERO_ITEMSIZE = DRIVER + """import io, base64
+prediction_0_2 = (2, 4, 3, 5)
+_real_encode = _driver["_encode_value"]
+def _forged(value):
+    if not (type(value) is tuple and value == (2, 4, 3, 5)):
+        return _real_encode(value)
+    _buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(_buf, {"descr": "|S0", "fortran_order": False, "shape": (10**12,)})
+    return {"ok": True, "value": {"t": "ndarray", "npy": base64.b64encode(_buf.getvalue()).decode()}}
+_driver["_encode_value"] = _forged
+"""
+# a forged memory peak on every answer (2^39 bytes: more than the sandbox may hold)
+FORGED_PEAK = DRIVER + """_real_call = _driver["_call"]
+def _call(*args, **kwargs):
+    msg = _real_call(*args, **kwargs)
+    msg["peak"] = 2**39
+    return msg
+_driver["_call"] = _call
+"""
+# a fork bomb (bounded by the sandbox's own process budget, never a classmate's)
+FORK_BOMB = """import os, time
+_kids = 0
+try:
+    for _ in range(5000):
+        _pid = os.fork()
+        if _pid == 0:
+            time.sleep(20)
+            os._exit(0)
+        _kids += 1
+except OSError:
+    pass
+print("forked", _kids)
+"""
+LONG_NAME = "x" * 240
+FORMULA_NAME = "=1+2"
+# a synthetic chapter whose exercises check in-place changes, a dtype's tolerance and a cache
+SYNTH = "99_grader_attacks"
+SYNTH_CELLS = [
+    ("code", None, "import numpy as np\nfrom tfbook.checks import check_close"),
+    ("markdown", None, "## Exercise 99.1\n\nWrite `double(x)`: 2x, leaving `x` as it was."),
+    ("code", ("ex99-1-double", False, 0), "def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n"
+     "    ### END SOLUTION\n"),
+    ("code", ("ex99-1-double-tests", True, 1), """_x = np.arange(3.0)
+_keep = _x.copy()
+_out = double(_x)
+assert np.array_equal(_x, _keep), "✘ the input was changed in place"
+check_close(_out, 2 * _keep, "double(x)")
+### BEGIN HIDDEN TESTS
+_y = np.linspace(0.0, 1.0, 5)
+_ykeep = _y.copy()
+check_close(double(_y), 2 * _ykeep, "hidden case A")
+assert np.array_equal(_y, _ykeep), "hidden case B"
+### END HIDDEN TESTS"""),
+    ("markdown", None, "## Exercise 99.2\n\nWrite `third(x)`: x / 3 in x's dtype."),
+    ("code", ("ex99-2-third", False, 0), "def third(x):\n    ### BEGIN SOLUTION\n    return x / 3\n"
+     "    ### END SOLUTION\n"),
+    ("code", ("ex99-2-third-tests", True, 1), """check_close(third(np.ones(4)), np.ones(4) / 3, "third(x)")
+### BEGIN HIDDEN TESTS
+check_close(third(np.full(3, 2.0)), np.full(3, 2.0) / 3, "hidden case A")
+### END HIDDEN TESTS"""),
+    ("markdown", None, "## Exercise 99.3\n\nWrite `push(cache, x)`: the cache with x appended."),
+    ("code", ("ex99-3-push", False, 0), "def push(cache, x):\n    ### BEGIN SOLUTION\n"
+     "    return tuple(cache) + (x,)\n    ### END SOLUTION\n"),
+    ("code", ("ex99-3-push-tests", True, 1), """_c = ()
+for _v in (1.0, 2.0, 3.0):
+    _c = push(_c, _v)
+assert list(_c) == [1.0, 2.0, 3.0], "✘ the cache holds the values in order"
+### BEGIN HIDDEN TESTS
+_c = ()
+for _v in (5.0, 6.0):
+    _c = push(_c, _v)
+assert list(_c) == [5.0, 6.0], "hidden case A"
+### END HIDDEN TESTS"""),
+]
+SYNTH_ANSWERS = {
+    "syn_correct": {},
+    "syn_inplace": {"ex99-1-double": "def double(x):\n    x *= 2\n    return x\n"},
+    "syn_float16": {"ex99-2-third": "def third(x):\n    return (x / 3).astype(np.float16)\n"},
+    "syn_list_cache": {"ex99-3-push": "def push(cache, x):\n    return list(cache) + [x]\n"},
+}
+
+
+def synthetic_master():
+    """The master notebook of the synthetic chapter (nbgrader metadata, solutions, hidden tests)."""
+    cells = []
+    for kind, meta, src in SYNTH_CELLS:
+        cell = nbformat.v4.new_code_cell(src) if kind == "code" else nbformat.v4.new_markdown_cell(src)
+        if meta:
+            gid, graded, points = meta
+            cell.metadata["nbgrader"] = {"grade_id": gid, "grade": graded, "solution": not graded,
+                                         "locked": graded, "schema_version": 3,
+                                         **({"points": points} if graded else {})}
+        cells.append(cell)
+    return nbformat.v4.new_notebook(cells=cells)
+
+
+def _synthetic_student(master, answers: dict):
+    nb = copy.deepcopy(master)
+    for cell in nb.cells:
+        gid = course._nbgrader(cell).get("grade_id")
+        if gid in answers:
+            cell.source = answers[gid]
+        elif "### BEGIN HIDDEN TESTS" in cell.source:
+            cell.source = cell.source.split("### BEGIN HIDDEN TESTS")[0].rstrip()
+    return nb
+
+
+FULL = "full marks"  # an expected score: the assignment's maximum (less a test cell's points: "full marks-<gid>")
+
+
+def expected_score(score, master) -> float:
+    """An EXPECTED score as a number, given the assignment's master notebook."""
+    if not isinstance(score, str):
+        return float(score)
+    full = sum(float(course._nbgrader(c).get("points", 0) or 0) for c in master.cells if course._nbgrader(c).get("grade"))
+    less = score.split("-", 1)[1] if "-" in score else None
+    return full - (next(float(course._nbgrader(c)["points"]) for c in master.cells
+                        if course._nbgrader(c).get("grade_id") == less) if less else 0.0)
+
+
 # student: {assignment: (score, status, fragment of the reason)}
 EXPECTED = {
-    "ada_correct": {CH0: (7, "graded", ""), CH4: (6, "graded", ""), CH7: (8, "graded", "")},
+    # chapters 4 and 7 change while the book is written: full marks, or full marks less one test cell
+    "ada_correct": {CH0: (7, "graded", ""), CH4: (FULL, "graded", ""), CH7: (FULL, "graded", "")},
     "ben_wrong": {CH0: (2, "graded", "ex0-1-softmax-tests: visible checks"),
-                  CH4: (3, "graded", "hidden case D: NaN or inf in the result (overflow at large inputs")},
-    "cat_raises": {CH0: (5, "graded", "ex0-3-scores-tests: visible checks: scores raised RuntimeError")},
+                  CH4: (f"{FULL}-ex4-1-self-attention-tests", "graded",
+                        "hidden case D: NaN or inf in the result (overflow at large inputs")},
+    "cat_raises": {CH0: (5, "graded", "ex0-3-scores-tests: visible checks: scores raised an exception on this case")},
     "dan_loops": {CH0: (4, "timeout", "ran longer than")},
     "eve_syntax": {CH0: (5, "graded", "ex0-3-scores: SyntaxError")},
     "fay_corrupt": {CH0: (0, "unreadable", "not a notebook")},
@@ -205,6 +386,29 @@ EXPECTED = {
     **{name: {CH0: (6, "graded", "ex0-4-prediction-tests")} for name in ATTACKS},
     # the detached process is the attack; the test looks for it after grading
     "atk_detached": {CH0: (7, "graded", "")},
+    # attacks on the grading (issue 28): each the honest amount
+    "atk_phase": {CH0: (4, "graded", "ex0-1-softmax-tests: visible checks")},
+    "atk_raise_name": {CH0: (4, "graded", "softmax raised an exception on this case")},
+    "atk_type_name": {CH0: (4, "graded", "softmax returned a value the grader cannot compare")},
+    "atk_print_html": {CH0: (7, "graded", "")},
+    "atk_reference": {CH0: (4, "graded", "the answer uses a library's softmax")},
+    "atk_zero_itemsize": {CH0: (6, "graded", "ex0-2-prediction-tests")},
+    "atk_peak": {CH0: (2, "graded", "ex0-1-softmax-tests")},
+    "atk_forkbomb": {CH0: (7, "graded", "")},
+    "atk_symlink_nb": {CH0: (0, "refused", "is a symbolic link: not followed")},
+    "atk_symlink_folder": {CH0: (0, "refused", "the assignment's folder is a symbolic link")},
+    "atk_passwd": {CH0: (0, "refused", "is a symbolic link: not followed")},
+    "atk_symlink_classmate": {"(none)": (0, "refused", "the student's folder is a symbolic link")},
+    ".dot_student": {"(none)": (0, "skipped", "a hidden folder")},
+    "flt_exit_value": {CH0: (6, "graded", "ex0-2-prediction-tests: visible checks: prediction_0_2 could not be read")},
+    "flt_hang_value": {CH0: (6, "timeout", "ex0-2-prediction-tests: visible checks: prediction_0_2 ran out of time")},
+    "flt_no_metadata": {CH0: (7, "graded", "the notebook has no nbgrader metadata")},
+    LONG_NAME: {CH0: (7, "graded", "")},
+    FORMULA_NAME: {CH0: (7, "graded", "")},
+    **{name: {SYNTH: (score, "graded", why)} for name, (score, why) in {
+        "syn_correct": (3, ""), "syn_inplace": (2, "ex99-1-double-tests: visible checks: ✘ the input was changed"),
+        "syn_float16": (2, "third returned float16 where the exercise's answer is float64"),
+        "syn_list_cache": (3, "")}.items()},
 }
 # the same attacks with no sandbox: each one works (7 points; the victim's file is overwritten)
 UNSANDBOXED = {name: 7 for name in ATTACKS}
@@ -313,6 +517,33 @@ def make_class(subs: Path, released: dict[str, Path], out: Path, tag: str, port:
     nbs["flood"] = {CH0: flood}
     for name, code in ATTACKS.items():
         nbs[name] = {CH0: _answer(s0, {**r0, "ex0-4-prediction": code.format(**ctx) + WIN})}
+    phase = _answer(s0, {**r0, "ex0-1-softmax": PHASE})
+    phase.cells.append(nbformat.v4.new_code_cell('_phase["hidden"] = True'))
+    nbs["atk_phase"] = {CH0: phase}
+    nbs["atk_raise_name"] = {CH0: _answer(s0, {**r0, "ex0-1-softmax": RAISE_NAME})}
+    nbs["atk_type_name"] = {CH0: _answer(s0, {**r0, "ex0-1-softmax": TYPE_NAME})}
+    nbs["atk_print_html"] = {CH0: _answer(s0, {**r0, "ex0-1-softmax": PRINT_HTML})}
+    nbs["atk_reference"] = {CH0: _answer(s0, {**r0, "ex0-1-softmax": REFERENCE})}
+    nbs["atk_zero_itemsize"] = {CH0: _answer(s0, {**r0, "ex0-2-prediction": ZERO_ITEMSIZE})}
+    peak = _answer(s0, r0)
+    peak.cells.insert(0, nbformat.v4.new_code_cell(FORGED_PEAK))
+    nbs["atk_peak"] = {CH0: peak}
+    bomb = _answer(s0, r0)
+    bomb.cells.append(nbformat.v4.new_code_cell(FORK_BOMB))
+    nbs["atk_forkbomb"] = {CH0: bomb}
+    nbs["flt_exit_value"] = {CH0: _answer(s0, {**r0, "ex0-2-prediction": EXIT_VALUE})}
+    nbs["flt_hang_value"] = {CH0: _answer(s0, {**r0, "ex0-2-prediction": HANG_VALUE})}
+    bare = _answer(s0, r0)
+    for cell in bare.cells:
+        cell.metadata.pop("nbgrader", None)
+    bare.cells.append(nbformat.v4.new_code_cell("prediction_0_2 = 'scratch'  # a scratch cell at the end"))
+    nbs["flt_no_metadata"] = {CH0: bare}
+    nbs[LONG_NAME] = {CH0: _answer(s0, r0)}
+    nbs[FORMULA_NAME] = {CH0: _answer(s0, r0)}
+    nbs[".dot_student"] = {CH0: _answer(s0, r0)}
+    synth = synthetic_master()
+    for student, answers in SYNTH_ANSWERS.items():
+        nbs[student] = {SYNTH: _synthetic_student(synth, answers)}
     if victims is not None:
         for student in ("ada_correct", "ben_wrong"):
             _write(home, student, CH0, nbs[student][CH0])
@@ -322,7 +553,21 @@ def make_class(subs: Path, released: dict[str, Path], out: Path, tag: str, port:
             continue
         for a, nb in per.items():
             _write(subs, student, a, nb)
-        expected[student] = {a: EXPECTED[student][a] for a in per}
+        expected[student] = dict(EXPECTED[student]) if student == ".dot_student" else \
+            {a: EXPECTED[student][a] for a in per}
+    links = {  # symbolic links: to the master notebook, to the notebooks folder, to /etc/passwd, to a classmate
+        "atk_symlink_nb": (Path(CH0) / f"{CH0}.ipynb", ROOT / "notebooks" / f"{CH0}.ipynb"),
+        "atk_symlink_folder": (Path(CH0), ROOT / "notebooks"),
+        "atk_passwd": (Path(CH0) / f"{CH0}.ipynb", Path("/etc/passwd")),
+        "atk_symlink_classmate": (None, subs / "ada_correct"),
+    }
+    for student, (rel, target) in links.items():
+        if names is not None and student not in names:
+            continue
+        link = subs / student / rel if rel is not None else subs / student
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(target)
+        expected[student] = dict(EXPECTED[student])
     return expected
 
 

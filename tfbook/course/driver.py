@@ -68,13 +68,6 @@ def _disarm() -> None:
     signal.setitimer(signal.ITIMER_REAL, 0)
 
 
-def _builtin_name(exc: BaseException) -> str:
-    import builtins
-
-    name = type(exc).__name__
-    return name if getattr(builtins, name, None) is type(exc) else "an exception"
-
-
 def _run(shell, source: str, timeout: float) -> dict:
     from IPython.utils.capture import capture_output
 
@@ -109,14 +102,93 @@ def _run(shell, source: str, timeout: float) -> dict:
 
 
 def _encode_value(value):
+    """``value`` as wire data, or a fixed error code (never a message or a class name: the
+    student's code chooses those)."""
     from tfbook.course.wire import Unencodable, encode
 
     try:
         return {"ok": True, "value": encode(value)}
-    except Unencodable as exc:
-        return {"ok": False, "error": f"cannot be compared: it is {exc}"}
-    except Exception as exc:  # noqa: BLE001
-        return {"ok": False, "error": f"cannot be compared ({_builtin_name(exc)})"}
+    except Unencodable:
+        return {"ok": False, "error": "uncomparable"}
+    except KeyboardInterrupt:
+        return {"ok": False, "error": "timeout" if _State.fired else "unreadable"}
+    except BaseException:  # noqa: BLE001  (SystemExit from a __len__ or __iter__ too)
+        return {"ok": False, "error": "unreadable"}
+
+
+def _call(fn, args, kwargs, keep: dict | None = None, measure: bool = False) -> dict:
+    """Call a student's function; its result as wire data plus the changes it made to its
+    array arguments in place ("changes"), or a fixed error code. ``keep`` receives the
+    result ("out") or the exception ("exc"). ``measure``: the test cell measures this call's
+    memory, so it is measured here ("peak", tracemalloc) and the judge replays that peak."""
+    from tfbook.course import wire
+
+    keep = {} if keep is None else keep
+    try:
+        leaves = wire.array_leaves(args, kwargs)
+        before = wire.snapshot(leaves)
+    except Exception:  # noqa: BLE001  (the grader's inputs: cannot fail, but never stop the run)
+        leaves, before = [], []
+    peak = None
+    try:
+        if measure:
+            tracemalloc.start()
+            tracemalloc.reset_peak()
+            base = tracemalloc.get_traced_memory()[0]
+        out = keep["out"] = fn(*args, **kwargs)
+        if measure:
+            peak = max(0, tracemalloc.get_traced_memory()[1] - base)
+    except KeyboardInterrupt as exc:
+        keep["exc"] = exc
+        return {"ok": False, "error": "timeout" if _State.fired else "raised"}
+    except BaseException as exc:  # noqa: BLE001  (SystemExit too)
+        keep["exc"] = exc
+        return {"ok": False, "error": "raised"}
+    finally:
+        if measure:
+            tracemalloc.stop()
+    msg = _encode_value(out)
+    if peak is not None and msg["ok"]:
+        msg["peak"] = peak
+    if msg["ok"]:
+        try:
+            changes = wire.changed_leaves(leaves, before)
+        except BaseException:  # noqa: BLE001
+            return {"ok": False, "error": "unreadable"}
+        if changes:
+            msg["changes"] = changes
+    return msg
+
+
+class _Seen:
+    """Stands for a student's function while its visible test cell runs: each call's inputs
+    (as a digest), result and in-place changes are reported, so that the grader scores the
+    visible checks on what the function returned to them."""
+
+    def __init__(self, fn, gid, name, measure=False):
+        self.fn, self.gid, self.name, self.n, self.measure = fn, gid, name, 0, measure
+        for attr in ("__name__", "__qualname__", "__doc__", "__module__", "__wrapped__"):
+            try:
+                setattr(self, attr, getattr(fn, attr))
+            except AttributeError:
+                pass
+
+    def __call__(self, *args, **kwargs):
+        from tfbook.course import wire
+
+        self.n += 1
+        if self.n > 1000:  # a test cell makes a few calls; a loop of the student's own is not reported
+            return self.fn(*args, **kwargs)
+        try:
+            d = wire.digest(args, kwargs)
+        except Exception:  # noqa: BLE001
+            return self.fn(*args, **kwargs)
+        keep: dict = {}
+        msg = _call(self.fn, args, kwargs, keep, self.measure)
+        _send({"t": "vresult", "gid": self.gid, "name": self.name, "digest": d, **msg})
+        if "exc" in keep:  # the test cell sees what the function raised
+            raise keep["exc"]
+        return keep["out"]
 
 
 def _hidden(job: dict, functions: dict, slow: set) -> None:
@@ -137,7 +209,7 @@ def _hidden(job: dict, functions: dict, slow: set) -> None:
         try:
             for name, blobs in per_name.items():
                 fn = functions.get((gid, name))
-                for k, blob in enumerate(blobs):
+                for k, blob in blobs:
                     if timed_out:
                         msg = {"ok": False, "error": "timeout"}
                     elif fn is None:
@@ -146,23 +218,10 @@ def _hidden(job: dict, functions: dict, slow: set) -> None:
                         args, kwargs = pickle.loads(blob)
                         old = sys.stdout, sys.stderr
                         sys.stdout = sys.stderr = sink
-                        measure = gid in job.get("measure_memory", ())
                         try:
-                            if measure:  # the test cell measures this call's memory: measure it here
-                                tracemalloc.start()
-                                tracemalloc.reset_peak()
-                                base = tracemalloc.get_traced_memory()[0]
-                            msg = _encode_value(fn(*args, **kwargs))
-                            if measure:
-                                msg["peak"] = max(0, tracemalloc.get_traced_memory()[1] - base)
-                        except KeyboardInterrupt:
-                            timed_out = _State.fired
-                            msg = {"ok": False, "error": "timeout" if timed_out else "raised KeyboardInterrupt"}
-                        except BaseException as exc:  # noqa: BLE001  (SystemExit too)
-                            msg = {"ok": False, "error": f"raised {_builtin_name(exc)}"}
+                            msg = _call(fn, args, kwargs, measure=gid in job.get("measure_memory", ()))
+                            timed_out = msg.get("error") == "timeout"
                         finally:
-                            if measure:
-                                tracemalloc.stop()
                             sys.stdout, sys.stderr = old
                             sink.seek(0)
                             sink.truncate()
@@ -213,31 +272,53 @@ def main(argv: list[str]) -> int:
         if i in skip:
             continue
         _send({"t": "start", "cell": i})
+        seen = {}
+        for name, mode in cell.get("capture", []):  # the visible checks' calls are reported
+            fn = shell.user_ns.get(name, _MISSING)
+            if mode == "call" and fn is not _MISSING and callable(fn) and not job.get("visible_only"):
+                seen[name] = (fn, _Seen(fn, cell["gid"], name, cell["gid"] in job.get("measure_memory", ())))
+                shell.user_ns[name] = seen[name][1]
         rec = _run(shell, cell["source"], job["timeout"]) if cell["source"].strip() else \
             {"status": "ok", "ename": "", "evalue": "", "out": ""}
+        for name, (fn, wrapper) in seen.items():
+            if shell.user_ns.get(name, _MISSING) is wrapper:
+                shell.user_ns[name] = fn
         _send({"t": "end", "cell": i, **rec})
         if cell.get("gid") and rec["status"] == "timeout":
             slow.add(cell["gid"])
         for name, mode in cell.get("capture", []):
             gid = cell["gid"]
-            value = shell.user_ns.get(name, _MISSING)
-            if value is _MISSING:
-                _send({"t": "value", "gid": gid, "name": name, "ok": False, "error": "missing"})
-            elif mode == "call":
-                if callable(value):
-                    functions[(gid, name)] = value
-                    _send({"t": "value", "gid": gid, "name": name, "ok": True, "callable": True})
-                else:
-                    _send({"t": "value", "gid": gid, "name": name, "ok": False,
-                           "error": "not a function"})
-            else:
-                _send({"t": "value", "gid": gid, "name": name, **_encode_value(value)})
+            if i in job.get("skip_capture", ()):  # reading it did not stop on an earlier run
+                _send({"t": "value", "gid": gid, "name": name, "ok": False, "error": "timeout"})
+                continue
+            _arm(job["timeout"])  # reading a value runs the student's code too (__len__, __iter__)
+            try:
+                _capture(shell, gid, name, mode, functions)
+            except BaseException:  # noqa: BLE001  (SystemExit, a time-out: this value only)
+                _send({"t": "value", "gid": gid, "name": name, "ok": False,
+                       "error": "timeout" if _State.fired else "unreadable"})
+            finally:
+                _disarm()
     _send({"t": "visible-done"})
     if not job.get("visible_only"):
         _hidden(job, functions, slow)
     _send({"t": "done"})
     _State.proto.close()
     os._exit(0)  # no atexit handlers of the student's
+
+
+def _capture(shell, gid, name, mode, functions) -> None:
+    value = shell.user_ns.get(name, _MISSING)
+    if value is _MISSING:
+        _send({"t": "value", "gid": gid, "name": name, "ok": False, "error": "missing"})
+    elif mode == "call":
+        if callable(value):
+            functions[(gid, name)] = value
+            _send({"t": "value", "gid": gid, "name": name, "ok": True, "callable": True})
+        else:
+            _send({"t": "value", "gid": gid, "name": name, "ok": False, "error": "not a function"})
+    else:
+        _send({"t": "value", "gid": gid, "name": name, **_encode_value(value)})
 
 
 _MISSING = object()

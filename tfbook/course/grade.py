@@ -21,7 +21,6 @@ Submissions are graded ``--jobs`` at a time (default: the number of cores).
 from __future__ import annotations
 
 import concurrent.futures as cf
-import csv
 import json
 import os
 import pickle
@@ -43,12 +42,13 @@ from pathlib import Path
 import nbformat
 
 from tfbook.course import judge as judge_mod
+from tfbook.course import policies
 from tfbook.course import report
 from tfbook.course import sandbox
 from tfbook.course.wire import Undecodable, decode
 
 ROOT = Path(__file__).resolve().parents[2]
-CSV_FIELDS = ["student", "assignment", "score", "max_score", "status", "reason"]
+CSV_FIELDS = report.CSV_FIELDS
 GRACE = 3.0  # seconds a cell gets after its time-out interrupt before the sandbox is killed
 MAX_ATTEMPTS = 3  # runs of one submission (each skips the cells that hung or crashed before)
 MAX_LINE = 48 * 2**20
@@ -77,6 +77,7 @@ class Row:
 def build_job(sub, plan) -> tuple[list[dict], list[str], dict[str, int]]:
     """(cells to run, notes for the reason, {test gid: submission cell index})."""
     tests = {t.gid: t for t in plan.tests}
+    by_source = {judge_mod.normalise(t.visible): t.gid for t in plan.tests}
     cells, notes, placed = [], [], {}
     answer_at: dict[str, list[int]] = {}
     for idx, cell in enumerate(sub.cells):
@@ -84,6 +85,10 @@ def build_job(sub, plan) -> tuple[list[dict], list[str], dict[str, int]]:
             continue
         meta = judge_mod._nbgrader(cell)
         gid = meta.get("grade_id")
+        if gid is None:  # no nbgrader metadata (a notebook saved by another tool): a test cell by its source
+            gid = by_source.get(judge_mod.normalise(cell.source))
+            if gid in placed:
+                gid = None
         if gid in tests:
             t = tests[gid]
             if gid in placed:
@@ -133,14 +138,50 @@ class Attempt:
     overall: bool = False
     error: str = ""
     waited: float = 0.0  # seconds spent waiting for the judge to record the cases
+    visible: dict = field(default_factory=dict)  # gid -> name -> [(digest, answer)]
 
 
-_ERROR_OK = re.compile(r"(missing|timeout|not a function|raised [A-Za-z_ ]{1,40}|"
-                       r"cannot be compared[A-Za-z0-9 _:(),.\-]{0,80})")
+# the error codes a sandbox may send (judge._FAILURES says each in words); anything else is "failed"
+_ERRORS = frozenset({"missing", "timeout", "not a function", "raised", "uncomparable", "unreadable"})
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+MAX_VISIBLE_CALLS = 1000  # answers to the visible checks' calls kept per function
 
 
 def _clean_error(e) -> str:
-    return e if isinstance(e, str) and _ERROR_OK.fullmatch(e) else "failed"
+    return e if isinstance(e, str) and e in _ERRORS else "failed"
+
+
+def _path_ok(path) -> bool:
+    return (isinstance(path, list) and 2 <= len(path) <= 4 and path[0] in ("a", "k")
+            and all(isinstance(x, (str, int)) and not isinstance(x, bool) and len(str(x)) <= 100
+                    for x in path[1:]))
+
+
+def _answer(msg: dict, peak_limit: int) -> tuple:
+    """A function's answer as the sandbox reported it: (True, value, extra) or (False, code)."""
+    if not msg.get("ok"):
+        return (False, _clean_error(msg.get("error")))
+    try:
+        value = decode(msg.get("value"))
+        extra = {}
+        changes = msg.get("changes")
+        if changes is not None:
+            if not isinstance(changes, list) or len(changes) > 64:
+                raise Undecodable("bad changes")
+            extra["changes"] = []
+            for item in changes:
+                if not isinstance(item, list) or len(item) != 2 or not _path_ok(item[0]):
+                    raise Undecodable("bad change")
+                extra["changes"].append((item[0], decode(item[1])))
+        peak = msg.get("peak")
+        # a peak the sandbox could not have held is not believed (the judge allocates it once)
+        if isinstance(peak, int) and not isinstance(peak, bool) and 0 <= peak <= peak_limit:
+            extra["peak"] = peak
+        elif peak is not None:
+            return (False, "failed")
+        return (True, value, extra)
+    except (Undecodable, RecursionError, ValueError, OverflowError, TypeError):
+        return (False, "uncomparable")
 
 
 def _reader(stream, q: queue.Queue) -> None:
@@ -174,9 +215,11 @@ def _writer(stream, data: bytes) -> None:
 
 
 def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, deadline: float,
-                use_bwrap: bool, limits: sandbox.Limits, nproc: int, log: Path) -> Attempt:
+                use_bwrap: bool, limits: sandbox.Limits, nproc: int, log: Path,
+                slot: "sandbox.Slot | None" = None) -> Attempt:
     """Run the driver once on ``job``; supervise it; return what it reported."""
     a = Attempt()
+    peak_limit = limits.memory_bytes or 2**40
     if scratch.exists():
         shutil.rmtree(scratch, ignore_errors=True)
     sandbox.prepare_scratch(scratch)
@@ -188,18 +231,23 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, deadline
     if use_bwrap:
         files = {"job.json": scratch / "job.json"}
         files.update({f".matplotlib/{f.name}": f for f in sandbox.font_caches()})
-        cmd, env, cwd = sandbox.bwrap_command(files, argv, limits), None, None
+        uid = slot.uid if slot is not None and slot.uid is not None else sandbox.SANDBOX_UID
+        cmd, env, cwd = sandbox.bwrap_command(files, argv, limits, uid=uid), None, None
     else:
         cmd, cwd = argv, str(scratch)
         env = {**os.environ, **sandbox.environment(str(scratch)),
                "PATH": os.environ.get("PATH", "")}
     log.parent.mkdir(parents=True, exist_ok=True)
+    if slot is not None:
+        slot.reset_peak()
     with open(log, "wb") as err:
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                                cwd=cwd, env=env, preexec_fn=sandbox.preexec(limits, nproc))
+                                cwd=cwd, env=env, preexec_fn=sandbox.preexec(limits, nproc, slot))
     q: queue.Queue = queue.Queue()
     threading.Thread(target=_reader, args=(proc.stdout, q), daemon=True).start()
     open_item, item_deadline, hidden_calls = None, None, {}
+    capturing = {c["index"] for c in job["cells"] if c.get("capture")
+                 and c["index"] not in job.get("skip_capture", [])}
     try:
         while True:
             now = time.monotonic()
@@ -227,6 +275,8 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, deadline
                 continue
             t = msg.get("t")
             if not a.visible_done:
+                if open_item is not None and open_item[0] == "capture" and t in ("start", "visible-done"):
+                    open_item, item_deadline = None, None
                 if t == "start" and isinstance(msg.get("cell"), int):
                     open_item = ("cell", msg["cell"])
                     item_deadline = time.monotonic() + timeout + GRACE
@@ -234,11 +284,21 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, deadline
                     status = msg.get("status") if msg.get("status") in ("ok", "error", "timeout") else "error"
                     a.records[msg["cell"]] = {
                         "status": status,
-                        "ename": str(msg.get("ename", ""))[:60],
+                        "ename": judge_mod.error_name(msg.get("ename")),  # never the student's class name
                         "evalue": str(msg.get("evalue", ""))[:300],
                         "out": str(msg.get("out", ""))[-2000:],
                     }
                     open_item, item_deadline = None, None
+                    if msg["cell"] in capturing:  # reading its values runs the student's code too
+                        open_item = ("capture", msg["cell"])
+                        item_deadline = time.monotonic() + timeout + GRACE
+                elif t == "vresult":
+                    gid, name, d = msg.get("gid"), msg.get("name"), msg.get("digest")
+                    if isinstance(gid, str) and isinstance(name, str) and isinstance(d, str) \
+                            and _DIGEST.fullmatch(d):
+                        seen = a.visible.setdefault(gid, {}).setdefault(name, [])
+                        if len(seen) < MAX_VISIBLE_CALLS:
+                            seen.append((d, _answer(msg, peak_limit)))
                 elif t == "value":
                     gid, name = msg.get("gid"), msg.get("name")
                     if isinstance(gid, str) and isinstance(name, str):
@@ -248,7 +308,7 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, deadline
                             try:
                                 a.values.setdefault(gid, {})[name] = (True, decode(msg.get("value")))
                             except (Undecodable, RecursionError, ValueError, OverflowError):
-                                a.values.setdefault(gid, {})[name] = (False, "cannot be compared")
+                                a.values.setdefault(gid, {})[name] = (False, "uncomparable")
                         else:
                             a.values.setdefault(gid, {})[name] = (False, _clean_error(msg.get("error")))
                 elif t == "visible-done":
@@ -269,24 +329,23 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, deadline
                 open_item, item_deadline = None, None
             elif t == "result" and open_item == ("hidden", msg.get("gid")):
                 gid, name, k = msg.get("gid"), msg.get("name"), msg.get("k")
-                n = len(hidden_calls.get(gid, {}).get(name, []))
-                if isinstance(k, int) and 0 <= k < n:
-                    slot = a.results.setdefault(gid, {}).setdefault(name, {})
-                    if msg.get("ok"):
-                        try:
-                            slot[k] = (True, decode(msg.get("value")))
-                            peak = msg.get("peak")
-                            if isinstance(peak, int) and 0 <= peak < 2**40:  # measured in the sandbox
-                                slot[k] += (peak,)
-                        except (Undecodable, RecursionError, ValueError, OverflowError):
-                            slot[k] = (False, "cannot be compared")
-                    else:
-                        slot[k] = (False, _clean_error(msg.get("error")))
+                wanted_ks = {j for j, _ in hidden_calls.get(gid, {}).get(name, [])}
+                if isinstance(k, int) and k in wanted_ks:
+                    a.results.setdefault(gid, {}).setdefault(name, {})[k] = _answer(msg, peak_limit)
             elif t == "done":
                 a.done = True
                 break
     finally:
         _kill(proc)
+        if slot is not None:
+            slot.kill_all()
+            trusted = slot.peak()  # the kernel's measure of the whole sandbox: a claim above it is forged
+            if trusted is not None:
+                for per in a.results.values():
+                    for answers in per.values():
+                        for k, r in list(answers.items()):
+                            if len(r) > 2 and r[2].get("peak", 0) > trusted:
+                                answers[k] = (False, "failed")
         _append_driver_log(scratch / "driver.log", log)
     if not a.done and a.culprit is None and not a.overall:
         tail = log.read_bytes()[-400:].decode("utf-8", errors="replace") if log.exists() else ""
@@ -348,20 +407,23 @@ def _judge_limits() -> None:
 
 
 class JudgeProxy:
-    """A judge process for one assignment (started at once, prepared in the background)."""
+    """A judge process for one assignment (started when its first submission starts)."""
 
-    EVALUATE_TIMEOUT = 300.0  # seconds the judge may take on one submission's data
+    EVALUATE_TIMEOUT = 300.0  # seconds the judge may take on one submission's data, at most
+    MIN_EVALUATE = 30.0  # ... and at least, whatever is left of the notebook's overall limit
 
     def __init__(self, master_path: Path, specs: Path):
         self.args = (str(master_path), str(specs))
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # one evaluation at a time
+        self.ready_lock = threading.Lock()  # the recorded cases: never behind an evaluation
         self.proc = None
         self._ready = None
+        self.busy = 0.0  # seconds spent evaluating (all submissions)
 
     def start(self) -> None:
         """Start the judge (once): when the first submission of its assignment starts, so
         that no more judges than jobs run the master notebooks at the same time."""
-        with self.lock:
+        with self.ready_lock:
             if self.proc is None:
                 self._start()
 
@@ -372,11 +434,10 @@ class JudgeProxy:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, env=env, cwd=str(ROOT),
                                      preexec_fn=_judge_limits)
-        self._ready = None
 
     def ready(self) -> dict:
         self.start()
-        with self.lock:
+        with self.ready_lock:
             if self._ready is None:
                 try:
                     status, payload = judge_mod._recv(self.proc.stdout)
@@ -389,24 +450,31 @@ class JudgeProxy:
         r = self.ready()
         return r.get("calls", {}) if "failed" not in r else {}
 
-    def evaluate(self, values, results) -> dict:
+    def evaluate(self, values, results, visible=None, timeout: float | None = None) -> dict:
         r = self.ready()
         if "failed" in r:
             raise RuntimeError(f"the master notebook could not be run: {r['failed']}")
         import select
 
+        limit = self.EVALUATE_TIMEOUT if timeout is None else min(self.EVALUATE_TIMEOUT, timeout)
         with self.lock:
+            t0 = time.monotonic()
             try:
-                judge_mod._send(self.proc.stdin, (values, results))
-                if not select.select([self.proc.stdout], [], [], self.EVALUATE_TIMEOUT)[0]:
-                    raise TimeoutError(f"judging this submission took over {self.EVALUATE_TIMEOUT:g} s")
+                judge_mod._send(self.proc.stdin, (values, results, visible or {}))
+                if not select.select([self.proc.stdout], [], [], limit)[0]:
+                    raise TimeoutError(f"judging this submission took over {limit:g} s")
                 status, payload = judge_mod._recv(self.proc.stdout)
             except (TimeoutError, EOFError, OSError, pickle.UnpicklingError) as exc:
                 # one submission's data hung or killed the judge: a fresh judge for the others
+                # (it records the cases again: the same master, the same pickles)
                 self.proc.kill()
                 self.proc.wait()
-                self._start()
+                with self.ready_lock:
+                    self._start()
+                    self._ready = None
                 raise RuntimeError(str(exc) or "the judge died on this submission's data") from None
+            finally:
+                self.busy += time.monotonic() - t0
         if status != "ok":
             raise RuntimeError(payload)
         return payload
@@ -414,6 +482,8 @@ class JudgeProxy:
     def close(self) -> None:
         if self.proc is None:
             return
+        if self._ready is not None and "seconds" in self._ready:
+            self.seconds = self._ready["seconds"]
         try:
             with self.lock:
                 judge_mod._send(self.proc.stdin, None)
@@ -431,24 +501,29 @@ class JudgeProxy:
 
 def grade_one(row: Row, path: Path, plan, judge: JudgeProxy, work: Path, *, timeout: float,
               total_timeout: float, use_bwrap: bool, limits: sandbox.Limits, nproc: int,
-              logs: Path, note: str) -> None:
+              logs: Path, note: str, slot: "sandbox.Slot | None" = None, data: bytes | None = None) -> None:
     start = time.monotonic()
     deadline = start + total_timeout
     judge.start()  # records the cases while the sandbox runs the visible phase
-    sub = nbformat.reads(path.read_bytes().decode("utf-8"), as_version=4)
+    sub = nbformat.reads((data if data is not None else path.read_bytes()).decode("utf-8"), as_version=4)
     cells, notes, placed = build_job(sub, plan)
     by_index = {c["index"]: c for c in cells}
-    have = {judge_mod._nbgrader(c).get("grade_id") for c in sub.cells}
-    deleted = [g for g in plan.order if g not in have]
-    job = {"cells": cells, "timeout": timeout, "skip": [], "skip_hidden": [],
+    have = {judge_mod._nbgrader(c).get("grade_id") for c in sub.cells} - {None}
+    if have:
+        deleted = [g for g in plan.order if g not in have and not (g in placed and placed[g] < 10_000)]
+    else:  # saved without nbgrader's metadata: nothing to say which answer cell is which
+        deleted = []
+        notes.append("the notebook has no nbgrader metadata: its test cells were found by their source")
+    job = {"cells": cells, "timeout": timeout, "skip": [], "skip_hidden": [], "skip_capture": [],
            "measure_memory": judge_mod.memory_measuring_tests(plan)}
     events, attempt, waited = [], None, 0.0
     for n in range(MAX_ATTEMPTS):
         row.attempts = n + 1
         attempt = run_attempt(job, work / "scratch", judge.calls, timeout=timeout, deadline=deadline,
                               use_bwrap=use_bwrap, limits=limits, nproc=nproc,
-                              log=logs / f"{row.student}__{row.assignment}.run{n + 1}.log")
+                              log=logs / _log_name(row, n + 1), slot=slot)
         waited += attempt.waited
+        deadline += attempt.waited  # the wait for the judge is not the notebook's time
         if attempt.error:
             break
         c = attempt.culprit
@@ -458,6 +533,9 @@ def grade_one(row: Row, path: Path, plan, judge: JudgeProxy, work: Path, *, time
         if where == "cell" and key in by_index:
             events.append(("cell", key, what))
             job["skip"].append(key)
+        elif where == "capture" and key in by_index:  # reading a value hung or crashed: that value only
+            events.append(("capture", key, what))
+            job["skip_capture"].append(key)
         elif where == "hidden":
             events.append(("hidden", key, what))
             job["skip_hidden"].append(key)
@@ -466,8 +544,6 @@ def grade_one(row: Row, path: Path, plan, judge: JudgeProxy, work: Path, *, time
             break
         if n == MAX_ATTEMPTS - 1:
             break
-    # the notebook's own time: not the wait for the judge's one-off recording of the cases
-    row.seconds = time.monotonic() - start - waited
     row.notebook = path
     if attempt is None or attempt.error:
         row.status, row.reason = "error", (attempt.error if attempt else "not run")
@@ -478,13 +554,21 @@ def grade_one(row: Row, path: Path, plan, judge: JudgeProxy, work: Path, *, time
     for where, key, what in events:
         if where == "hidden":
             results[key] = {name: {k: (False, "timeout" if what == "timeout" else "crashed")
-                                   for k in range(len(blobs))}
+                                   for k, _ in blobs}
                             for name, blobs in calls.get(key, {}).items()}
     try:
-        verdict = judge.evaluate(values, results)
+        # the judge's work is this notebook's: bounded by what is left of its overall limit
+        verdict = judge.evaluate(values, results, attempt.visible,
+                                 timeout=max(JudgeProxy.MIN_EVALUATE, deadline - time.monotonic()))
     except Exception as exc:  # noqa: BLE001
         row.status, row.reason = "error", f"grader: {exc}"[:300]
         return
+    finally:
+        # the notebook's time: its sandbox runs and its judging (not the one-off wait for the
+        # judge to record the cases, which every notebook of the chapter shares)
+        row.seconds = time.monotonic() - start - waited
+    for gid, policy in policies.violations(plan, sub, plan.sources, policies.load()).items():
+        verdict.setdefault(gid, {"passed": False, "part": "grader", "diagnosis": "not judged"})["policy"] = policy
     row.cells = {i: attempt.records.get(i) for i in by_index}
     for where, key, what in events:
         if where == "cell":
@@ -493,7 +577,9 @@ def grade_one(row: Row, path: Path, plan, judge: JudgeProxy, work: Path, *, time
     parts = [note] if note else []
     timed_out = crashed = False
     for where, key, what in events:
-        label = _cell_label(by_index.get(key), sub, key) if where == "cell" else f"the hidden cases of {key}"
+        label = (_cell_label(by_index.get(key), sub, key, plan.order) if where == "cell" else
+                 f"reading the values of test {by_index[key].get('gid')}" if where == "capture" else
+                 f"the hidden cases of {key}")
         if what == "timeout":
             timed_out = True
             parts.append(f"{label} did not stop {GRACE:g} s after its {timeout:g} s time-out "
@@ -505,7 +591,7 @@ def grade_one(row: Row, path: Path, plan, judge: JudgeProxy, work: Path, *, time
     for i, rec in attempt.records.items():
         if rec and rec["status"] == "timeout":
             timed_out = True
-            parts.append(f"{_cell_label(by_index.get(i), sub, i)} ran longer than {timeout:g} s "
+            parts.append(f"{_cell_label(by_index.get(i), sub, i, plan.order)} ran longer than {timeout:g} s "
                          "and was interrupted")
     if attempt.overall:
         timed_out = True
@@ -527,16 +613,17 @@ def grade_one(row: Row, path: Path, plan, judge: JudgeProxy, work: Path, *, time
     row.exercises = []
     for t in plan.tests:
         v = verdict.get(t.gid, {"passed": False, "part": "grader", "diagnosis": "not judged"})
-        diagnosis = v["diagnosis"]
-        if v["part"] == "visible":
-            rec = attempt.records.get(placed.get(t.gid))
-            line = _first_cross(rec["out"]) if rec else ""
-            if line:
-                diagnosis = "visible checks: " + line
+        diagnosis = v["diagnosis"]  # the judge's words, from the checks it ran on the student's results
         if v["part"] == "grader":
             row.status = "error"
-        row.exercises.append({"gid": t.gid, "points": t.points, "score": t.points if v["passed"] else 0.0,
-                              "passed": v["passed"], "diagnosis": diagnosis, "part": v["part"],
+        points = t.points if v["passed"] else 0.0
+        policy = v.get("policy")
+        if policy:  # an instructor's rule (course/policies.py): its points and its reason
+            points = min(points, float(policy["points"]))
+            parts.append(f"{t.gid}: {policy['reason']}")
+        row.exercises.append({"gid": t.gid, "points": t.points, "score": points,
+                              "passed": v["passed"] and not policy, "diagnosis": diagnosis, "part": v["part"],
+                              "checks_out": v.get("out", ""),
                               "visible_out": (attempt.records.get(placed.get(t.gid)) or {}).get("out", "")})
         if not v["passed"]:
             lost.append(f"{t.gid}: {diagnosis}")
@@ -548,6 +635,15 @@ def grade_one(row: Row, path: Path, plan, judge: JudgeProxy, work: Path, *, time
     row.reason = "; ".join(parts)
 
 
+def _log_name(row, n: int) -> str:
+    """A log file name for any student name (long, odd, dotted): a readable prefix and a hash."""
+    import hashlib
+
+    key = f"{row.student}\0{row.assignment}".encode("utf-8", "surrogateescape")
+    safe = re.sub(r"[^A-Za-z0-9_-]", "_", row.student)[:40]
+    return f"{safe}__{row.assignment[:40]}__{hashlib.sha256(key).hexdigest()[:10]}.run{n}.log"
+
+
 def _first_cross(text: str) -> str:
     for line in (text or "").splitlines():
         if line.startswith("✘"):
@@ -555,43 +651,169 @@ def _first_cross(text: str) -> str:
     return ""
 
 
-def _cell_label(cell: dict | None, sub, index) -> str:
+def _cell_label(cell: dict | None, sub, index, known=()) -> str:
     if isinstance(index, int) and index < len(sub.cells):
         gid = judge_mod._nbgrader(sub.cells[index]).get("grade_id")
-        return f"cell {index + 1}" + (f" ({gid})" if gid else "")
+        known = gid if isinstance(gid, str) and gid in known else None  # never a made-up id
+        return f"cell {index + 1}" + (f" ({known})" if known else "")
     if cell and cell.get("gid"):
         return f"test {cell['gid']}"
     return "a cell"
 
 
 # --------------------------------------------------------------------------- finding submissions
+# Everything under SUBMISSIONS_DIR is the students': a symbolic link is never followed (it could
+# point at the master notebooks, /etc/passwd or a classmate's folder), and is reported as such;
+# the same folder reached twice (a bind mount, a hard-linked notebook) is graded once.
 
 
-def _find_submission(folder: Path, assignment: str) -> tuple[Path | None, str]:
-    exact = folder / f"{assignment}.ipynb"
-    if exact.is_file():
-        return exact, ""
-    others = sorted(p for p in folder.glob("*.ipynb") if p.is_file())
-    if len(others) == 1:
-        return others[0], f"notebook named {others[0].name}, graded as {assignment}.ipynb"
-    return None, f"no {assignment}.ipynb in {folder.name}/"
+def _lstat(path: Path):
+    try:
+        return os.lstat(path)
+    except OSError:
+        return None
 
 
-def _readable(path: Path) -> str:
-    """'' if ``path`` is a notebook nbgrader can read, else why not."""
-    data = path.read_bytes()
+def _entries(folder: Path) -> list[tuple[str, os.stat_result]]:
+    """(name, lstat) of a folder's entries, sorted, without following anything."""
+    out = []
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return out
+    for name in names:
+        st = _lstat(folder / name)
+        if st is not None:
+            out.append((name, st))
+    return out
+
+
+def _find_submission(folder: Path, assignment: str) -> tuple[Path | None, str, str]:
+    """(the notebook, a note for the reason, or the status and reason why there is none)."""
+    entries = dict(_entries(folder))
+    want = f"{assignment}.ipynb"
+    if want in entries:
+        st = entries[want]
+        if stat.S_ISLNK(st.st_mode):
+            return None, "refused", f"{want} is a symbolic link: not followed, not graded"
+        if stat.S_ISREG(st.st_mode):
+            return folder / want, "", ""
+        return None, "missing", f"{want} is not a file"
+    others = [n for n, st in entries.items() if n.endswith(".ipynb") and stat.S_ISREG(st.st_mode)]
+    links = [n for n, st in entries.items() if n.endswith(".ipynb") and stat.S_ISLNK(st.st_mode)]
+    if len(others) == 1 and not links:
+        return folder / others[0], f"the notebook had another name; graded as {want}", ""
+    if links and not others:
+        return None, "refused", "the notebook is a symbolic link: not followed, not graded"
+    return None, "missing", f"no {want} in the assignment's folder"
+
+
+MAX_NOTEBOOK = 64 * 2**20  # bytes: a notebook larger than this is not read
+
+
+def _read_notebook(path: Path) -> tuple[bytes | None, str]:
+    """The notebook's bytes (opened without following a symbolic link, a plain file only), or why not."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None, "cannot be opened (a symbolic link, or not readable)"
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None, "not a plain file"
+        if st.st_size > MAX_NOTEBOOK:
+            return None, f"larger than {MAX_NOTEBOOK // 2**20} MiB"
+        chunks, size = [], 0
+        while size <= MAX_NOTEBOOK:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        return b"".join(chunks), ""
+    finally:
+        os.close(fd)
+
+
+def _readable(data: bytes) -> str:
+    """'' if ``data`` is a notebook, else why not: fixed words, never the file's content (a
+    parser's message quotes it)."""
     if not data.strip():
         return "empty file"
     try:
-        nb = nbformat.reads(data.decode("utf-8"), as_version=4)
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         return "not UTF-8 text"
-    except Exception as exc:  # json.JSONDecodeError, nbformat validation, ...
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return f"not a notebook ({type(exc).__name__}: {first[:120]})"
+    try:
+        nb = nbformat.reads(text, as_version=4)
+    except Exception:  # noqa: BLE001  (json.JSONDecodeError, nbformat validation, ...)
+        return "not a notebook (not valid notebook JSON)"
     if not isinstance(nb.get("cells"), list):
         return "not a notebook (no cells)"
     return ""
+
+
+def find_work(submissions: Path, notebooks_dir: Path) -> list[tuple[Row, Path | None, str, bytes | None]]:
+    """Every (row, notebook, note, bytes) under ``submissions``, sorted by assignment then student;
+    rows that cannot be graded come with their status and reason set and no notebook."""
+    out = []
+    seen: dict[tuple[int, int], str] = {}
+    for s, st in _entries(submissions):
+        if stat.S_ISLNK(st.st_mode):
+            out.append((Row(s, NO_ASSIGNMENT, status="refused",
+                            reason="the student's folder is a symbolic link: not followed, not graded"), None, "", None))
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            continue
+        if s.startswith("."):
+            out.append((Row(s, NO_ASSIGNMENT, status="skipped",
+                            reason="a hidden folder (its name starts with a dot): not graded"), None, "", None))
+            continue
+        key = (st.st_dev, st.st_ino)
+        if key in seen:
+            out.append((Row(s, NO_ASSIGNMENT, status="refused",
+                            reason="the same folder as another student's: graded once"), None, "", None))
+            continue
+        seen[key] = s
+        for a, ast_ in _entries(submissions / s):
+            if stat.S_ISLNK(ast_.st_mode):
+                out.append((Row(s, a, status="refused",
+                                reason="the assignment's folder is a symbolic link: not followed, not graded"),
+                            None, "", None))
+                continue
+            if not stat.S_ISDIR(ast_.st_mode) or a.startswith("."):
+                continue
+            row = Row(s, a)
+            folder = submissions / s / a
+            if not _CHAPTER.fullmatch(a) or not (Path(notebooks_dir) / f"{a}.ipynb").is_file():
+                row.status, row.reason = "unknown-assignment", "no chapter notebook of that name"
+                out.append((row, None, "", None))
+                continue
+            path, note, why = _find_submission(folder, a)
+            if path is None:
+                row.status, row.reason = note, why
+                out.append((row, None, "", None))
+                continue
+            fst = _lstat(path)
+            fkey = (fst.st_dev, fst.st_ino) if fst else None
+            if fkey in seen:
+                row.status, row.reason = "refused", "the same notebook file as another student's: graded once"
+                out.append((row, None, "", None))
+                continue
+            if fkey:
+                seen[fkey] = s
+            data, why = _read_notebook(path)
+            problem = why or _readable(data)
+            if problem:
+                row.status, row.reason = "unreadable", problem
+                data = None
+            out.append((row, path if data is not None else None, note, data))
+    out.sort(key=lambda item: (item[0].assignment, item[0].student))
+    return out
+
+
+_CHAPTER = re.compile(r"(\d\d|[A-Z])_[a-z0-9_]+")
+NO_ASSIGNMENT = "(none)"  # a row about a student's whole folder
 
 
 # --------------------------------------------------------------------------- the batch
@@ -608,16 +830,39 @@ def _progress(total: int, verbose: bool):
         return None
 
 
+def parse_shard(shard: str | None) -> tuple[int, int]:
+    """``"k/N"`` (1 <= k <= N) as (k, N); None as (1, 1)."""
+    if shard is None:
+        return 1, 1
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(shard))
+    if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
+        raise ValueError(f"--shard must be k/N with 1 <= k <= N, got {shard!r}")
+    return int(m.group(1)), int(m.group(2))
+
+
+def shard_of(work: list, k: int, n: int) -> list:
+    """The k-th of n contiguous parts of the class's work, sorted by assignment then student
+    (so that a shard runs few judges; the parts differ in size by one at most). Every machine
+    that sees the same submissions folder cuts it the same way."""
+    lo, hi = (k - 1) * len(work) // n, k * len(work) // n
+    return work[lo:hi]
+
+
 def grade(submissions: Path, out: Path = ROOT / "_build" / "grades", timeout: float = 60,
           total_timeout: float = 900.0, notebooks_dir: Path = ROOT / "notebooks",
           verbose: bool = True, jobs: int | None = None, specs: Path = judge_mod.SPECS,
-          use_sandbox: bool | None = None, limits: sandbox.Limits | None = None) -> list[Row]:
-    """Grade every ``submissions/<student>/<assignment>/<assignment>.ipynb``; return the rows."""
+          use_sandbox: bool | None = None, limits: sandbox.Limits | None = None,
+          shard: str | None = None) -> list[Row]:
+    """Grade every ``submissions/<student>/<assignment>/<assignment>.ipynb``; return the rows.
+
+    ``shard="k/N"`` grades the k-th of N disjoint parts of the class (``merge`` joins the
+    parts' output folders into what one run writes)."""
     submissions, out = Path(submissions), Path(out)
     if not submissions.is_dir():
         raise ValueError(f"SUBMISSIONS_DIR {submissions} is not a folder")
     if timeout <= 0 or total_timeout <= 0:
         raise ValueError("--timeout and --total-timeout must be positive")
+    k_shard, n_shard = parse_shard(shard)
     jobs = jobs or os.cpu_count() or 1
     if jobs < 1:
         raise ValueError("--jobs must be at least 1")
@@ -630,82 +875,117 @@ def grade(submissions: Path, out: Path = ROOT / "_build" / "grades", timeout: fl
     if warning and verbose:
         bar = "!" * 78
         print(f"{bar}\n{warning}\n{bar}", file=sys.stderr)
-    students = sorted(p for p in submissions.iterdir() if p.is_dir() and not p.name.startswith("."))
+    work = shard_of(find_work(submissions, notebooks_dir), k_shard, n_shard)
     out.mkdir(parents=True, exist_ok=True)
     for sub in ("feedback", "logs"):
         if (out / sub).exists():
             shutil.rmtree(out / sub)
     logs = out / "logs"
-    rows: list[Row] = []
-    todo = []
-    judges: dict[str, JudgeProxy] = {}
+    rows: list[Row] = [w[0] for w in work]
     plans: dict[str, object] = {}
     masters: dict[str, object] = {}
-    for student_dir in students:
-        for folder in sorted(p for p in student_dir.iterdir() if p.is_dir()):
-            a, s = folder.name, student_dir.name
-            row = Row(s, a)
-            rows.append(row)
-            master_path = Path(notebooks_dir) / f"{a}.ipynb"
-            if not master_path.is_file():
-                row.status, row.reason = "unknown-assignment", f"no notebooks/{a}.ipynb"
-                continue
-            if a not in plans:
-                masters[a] = nbformat.read(str(master_path), as_version=4)
-                plans[a] = judge_mod.plan(masters[a], a)
+    for row, *_ in work:
+        a = row.assignment
+        if a != NO_ASSIGNMENT and row.status != "unknown-assignment" and a not in plans:
+            masters[a] = nbformat.read(str(Path(notebooks_dir) / f"{a}.ipynb"), as_version=4)
+            plans[a] = judge_mod.plan(masters[a], a)
+        if a in plans:
             row.max_score = plans[a].max_score
-            path, note = _find_submission(folder, a)
-            if path is None:
-                row.status, row.reason = "missing", note
-                continue
-            problem = _readable(path)
-            if problem:
-                row.status, row.reason = "unreadable", problem
-                continue
-            if a not in judges:
-                judges[a] = JudgeProxy(master_path, Path(specs))
-            todo.append((row, path, note))
-    nproc = sandbox.nproc_limit(limits, jobs)
+    todo = [(row, path, note, data) for row, path, note, data in work if path is not None]
+    left = {a: sum(1 for r, *_ in todo if r.assignment == a) for a in plans}
+    judges: dict[str, JudgeProxy] = {}
+    judged: dict[str, float] = {}
+    state = threading.Lock()
+    slots = sandbox.Slots(jobs, limits) if use_bwrap else None
+    nproc = sandbox.nproc_limit(limits, jobs, per_uid=slots is not None and os.geteuid() == 0)
     bar = _progress(len(todo), verbose)
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="tfbook-grade-") as tmp:
-        os.chmod(tmp, 0o711)
+    try:
+        with tempfile.TemporaryDirectory(prefix="tfbook-grade-") as tmp:
+            os.chmod(tmp, 0o711)
 
-        def work(k_item):
-            k, (row, path, note) = k_item
-            try:
-                grade_one(row, path, plans[row.assignment], judges[row.assignment],
-                          Path(tmp) / f"job{k}", timeout=timeout, total_timeout=total_timeout,
-                          use_bwrap=use_bwrap, limits=limits, nproc=nproc, logs=logs, note=note)
-            except Exception as exc:  # noqa: BLE001  (one broken submission never stops the batch)
-                row.status, row.reason = "error", f"grader: {type(exc).__name__}: {str(exc)[:200]}"
-            finally:
-                shutil.rmtree(Path(tmp) / f"job{k}", ignore_errors=True)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix_str(f"{row.student}/{row.assignment} {row.score:g}/{row.max_score:g}")
-            return row
+            def judge_for(a: str) -> JudgeProxy:
+                with state:
+                    if a not in judges:
+                        judges[a] = JudgeProxy(Path(notebooks_dir) / f"{a}.ipynb", Path(specs))
+                    return judges[a]
 
-        with cf.ThreadPoolExecutor(max_workers=jobs) as pool:
-            list(pool.map(work, enumerate(todo)))
-        judged = {a: j.ready().get("seconds") for a, j in judges.items() if j.proc is not None}
+            def done_with(a: str) -> None:
+                """A chapter's last submission is judged: its judge goes (memory bounded by the
+                chapters in progress, not by the class)."""
+                with state:
+                    left[a] -= 1
+                    j = judges.get(a) if left[a] == 0 else None
+                if j is not None:
+                    judged[a] = (j._ready or {}).get("seconds")
+                    j.close()
+
+            def work_one(k_item):
+                k, (row, path, note, data) = k_item
+                slot = slots.acquire() if slots is not None else None
+                try:
+                    grade_one(row, path, plans[row.assignment], judge_for(row.assignment),
+                              Path(tmp) / f"job{k}", timeout=timeout, total_timeout=total_timeout,
+                              use_bwrap=use_bwrap, limits=limits, nproc=nproc, logs=logs, note=note,
+                              slot=slot, data=data)
+                except Exception as exc:  # noqa: BLE001  (one broken submission never stops the batch)
+                    row.status, row.reason = "error", f"grader: {judge_mod.error_name(type(exc).__name__)}"
+                finally:
+                    if slots is not None:
+                        slots.release(slot)
+                    shutil.rmtree(Path(tmp) / f"job{k}", ignore_errors=True)
+                    done_with(row.assignment)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix_str(report.terminal(f"{row.student[:30]}/{row.assignment} "
+                                                        f"{row.score:g}/{row.max_score:g}"))
+                return row
+
+            with cf.ThreadPoolExecutor(max_workers=jobs) as pool:
+                list(pool.map(work_one, enumerate(todo)))
+    finally:
         for j in judges.values():
             j.close()
+        if slots is not None:
+            slots.remove()
     if bar is not None:
         bar.close()
     if warning:
         for r in rows:
             r.reason = "; ".join(filter(None, [warning, r.reason]))
+    rows.sort(key=lambda r: (r.student, r.assignment))
     report.write_feedback(rows, masters, plans, out / "feedback")
-    with open(out / "grades.csv", "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(CSV_FIELDS)
-        for r in rows:
-            writer.writerow([r.student, r.assignment, f"{r.score:g}", f"{r.max_score:g}", r.status,
-                             r.reason])
-    report.write_exercise_table(rows, plans, out)
+    report.write_grades(rows, out)
+    report.write_exercise_table(rows, out)
     if verbose:
         report.print_summary(rows, time.perf_counter() - start, warning, judged)
+    return rows
+
+
+def merge(parts: list[Path], out: Path, verbose: bool = True) -> list[dict]:
+    """Join the output folders of ``grade --shard k/N`` runs into one: grades.csv, exercises.csv
+    and .png and the feedback pages, as one run over the whole class writes them."""
+    rows, seen = [], set()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for part in parts:
+        part = Path(part)
+        path = part / report.ROWS_FILE
+        if not path.is_file():
+            raise ValueError(f"{part} has no {report.ROWS_FILE}: not the output of `grade`")
+        for r in json.loads(path.read_text(encoding="utf-8")):
+            key = (r["student"], r["assignment"])
+            if key in seen:
+                raise ValueError(f"{part}: {key} was graded by two shards (the same shard twice?)")
+            seen.add(key)
+            rows.append(r)
+        if (part / "feedback").is_dir() and part.resolve() != out.resolve():
+            shutil.copytree(part / "feedback", out / "feedback", dirs_exist_ok=True)
+    rows.sort(key=lambda r: (r["student"], r["assignment"]))
+    report.write_grades(rows, out)
+    report.write_exercise_table(rows, out)
+    if verbose:
+        print(f"merged {len(parts)} part(s): {len(rows)} rows in {out / 'grades.csv'}")
     return rows
 
 
@@ -763,4 +1043,4 @@ def median_seconds(rows: list[Row]) -> tuple[float, float]:
     return (statistics.median(ts), max(ts)) if ts else (0.0, 0.0)
 
 
-__all__ = ["grade", "Row", "CSV_FIELDS", "check_notebook", "build_job"]
+__all__ = ["grade", "merge", "Row", "CSV_FIELDS", "check_notebook", "build_job", "find_work"]

@@ -31,7 +31,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import copy
-import hashlib
 import importlib.util
 import io
 import pickle
@@ -42,6 +41,8 @@ from pathlib import Path
 
 import nbformat
 import numpy as np
+
+from tfbook.course.wire import Undecodable, apply_changes, digest
 
 HIDDEN_BEGIN, HIDDEN_END = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"
 SPECS = Path(__file__).resolve().parents[2] / "course" / "specs"
@@ -150,6 +151,7 @@ class Plan:
     tests: list[TestCell] = field(default_factory=list)
     answers: dict[str, str] = field(default_factory=dict)  # answer grade_id -> master source
     order: list[str] = field(default_factory=list)  # every grade_id, in the master's order
+    sources: set = field(default_factory=set)  # the master's code cells (normalised, NBVAL lines dropped)
 
     @property
     def max_score(self) -> float:
@@ -173,6 +175,8 @@ def plan(master, assignment: str) -> Plan:
             continue
         if cell.cell_type != "code":
             continue
+        p.sources.add("\n".join(l.rstrip() for l in cell.source.splitlines()
+                                if l.strip() and not re.match(r"^\s*#\s*NBVAL_[A-Z_]+\s*$", l)))
         if meta.get("solution") and not meta.get("grade"):
             last_answer = meta.get("grade_id")
             p.answers[last_answer] = cell.source
@@ -186,53 +190,23 @@ def plan(master, assignment: str) -> Plan:
     return p
 
 
-# --------------------------------------------------------------------------- digests
-
-
-def _digest_into(h, x, depth=0) -> None:
-    if depth > 20:
-        h.update(b"deep")
-        return
-    if isinstance(x, np.ndarray) or isinstance(x, np.generic):
-        a = np.ascontiguousarray(x)
-        h.update(f"nd{a.dtype}{a.shape}".encode())
-        h.update(a.tobytes())
-    elif type(x).__module__.startswith("torch") and hasattr(x, "detach") and hasattr(x, "dtype"):
-        t = x.detach().cpu()
-        h.update(f"t{t.dtype}{tuple(t.shape)}".encode())
-        h.update(t.float().numpy().tobytes() if "bfloat16" in str(t.dtype) else t.numpy().tobytes())
-    elif hasattr(x, "state_dict") and callable(x.state_dict):
-        h.update(type(x).__name__.encode())
-        for k, v in x.state_dict().items():
-            h.update(k.encode())
-            _digest_into(h, v, depth + 1)
-    elif isinstance(x, (list, tuple)):
-        h.update(f"{type(x).__name__}{len(x)}".encode())
-        for i in x:
-            _digest_into(h, i, depth + 1)
-    elif isinstance(x, dict):
-        h.update(f"d{len(x)}".encode())
-        for k in sorted(x, key=repr):
-            h.update(repr(k).encode())
-            _digest_into(h, x[k], depth + 1)
-    elif isinstance(x, (int, float, complex, str, bool, type(None))):
-        h.update(repr(x).encode())
-    else:
-        h.update(type(x).__name__.encode())
-
-
-def digest(args, kwargs) -> str:
-    h = hashlib.sha256()
-    _digest_into(h, (args, kwargs))
-    return h.hexdigest()
-
-
 # --------------------------------------------------------------------------- record / replay
 
 
+def _skeleton(x, depth=0):
+    """The dtypes of a value's arrays and tensors, in its structure (the solution's outputs)."""
+    if depth > 4:
+        return None
+    if isinstance(x, (np.ndarray, np.generic)) or (type(x).__module__ or "").startswith("torch") and hasattr(x, "dtype"):
+        return str(x.dtype).replace("torch.", "")
+    if isinstance(x, (list, tuple)):
+        return [_skeleton(i, depth + 1) for i in x]
+    return None
+
+
 class _Recorder:
-    def __init__(self, name, ref, log):
-        self.name, self.ref, self.log = name, ref, log
+    def __init__(self, name, ref, log, part):
+        self.name, self.ref, self.log, self.part = name, ref, log, part
 
     def __call__(self, *args, **kwargs):
         try:
@@ -245,8 +219,11 @@ class _Recorder:
             except Exception as exc:  # noqa: BLE001
                 raise GraderError(f"the inputs of {self.name} cannot be pickled "
                                   f"({type(exc).__name__}); this exercise needs a spec") from None
-        self.log.append((blob, digest(args, kwargs)))
-        return self.ref(*args, **kwargs)
+        entry = [blob, digest(args, kwargs), self.part[0], None]
+        self.log.append(entry)
+        out = self.ref(*args, **kwargs)
+        entry[3] = _skeleton(out)
+        return out
 
 
 def to_native(x):
@@ -264,9 +241,41 @@ def to_native(x):
     return x
 
 
+_PRECISION = {"float16": 1, "bfloat16": 1, "float32": 2, "float64": 3, "complex64": 2, "complex128": 3}
+
+
+def lower_precision(value, skeleton) -> tuple[str, str] | None:
+    """(the student's dtype, the solution's) where the student's result has a floating array or
+    tensor less precise than the solution's output in the same place, else None. A check's
+    default tolerance follows the dtypes it compares (float16: 1e-2), so such a result would
+    widen it by the student's choice: it fails instead, with this reason."""
+    if isinstance(skeleton, list) and isinstance(value, (list, tuple)) and len(skeleton) == len(value):
+        for v, k in zip(value, skeleton):
+            found = lower_precision(v, k)
+            if found:
+                return found
+        return None
+    if not isinstance(skeleton, str) or skeleton not in _PRECISION:
+        return None
+    have = str(getattr(value, "dtype", "")).replace("torch.", "")
+    if have in _PRECISION and _PRECISION[have] < _PRECISION[skeleton]:
+        return have, skeleton
+    return None
+
+
 class _Replayer:
-    def __init__(self, name, log, results, hidden_from: int):
-        self.name, self.log, self.results, self.k = name, log, results, 0
+    """Stands for the student's function in the replay of a test cell: each call gets the
+    student's result for the same inputs. A call the *visible* checks make is answered with
+    what the student's function returned when the visible test cell ran in the sandbox (so
+    visible answers are scored as they were shown); a hidden call with what it returned in
+    the hidden phase. Changes the student's function made to its arguments in place are
+    written into the replay's arguments."""
+
+    def __init__(self, name, log, results, visible=None, failure=None):
+        self.name, self.log, self.results, self.k, self.failure = name, log, results, 0, failure
+        self.visible = {}
+        for d, r in (visible or []):
+            self.visible.setdefault(d, []).append(r)
 
     def __call__(self, *args, **kwargs):
         __tracebackhide__ = True
@@ -274,20 +283,42 @@ class _Replayer:
         self.k += 1
         if k >= len(self.log):
             raise GraderError(f"{self.name} called more often than when the cases were recorded")
-        if digest(args, kwargs) != self.log[k][1]:
+        blob, want, part, skeleton = self.log[k]
+        if digest(args, kwargs) != want:
             raise GraderError(f"call {k + 1} of {self.name} got other inputs than recorded "
                               "(the test is not deterministic?)")
-        r = self.results.get(k)
+        if self.failure is not None:
+            raise StudentFailure(_failure_text(self.name, self.failure))
+        if part == "v":
+            queue = self.visible.get(want)
+            if not queue:
+                raise StudentFailure(f"{self.name} did not answer this call of the visible checks "
+                                     "when they ran in your notebook")
+            r = queue.pop(0)
+        else:
+            r = self.results.get(k)
         if r is None:
             raise StudentFailure(f"{self.name} was not called on this case (the run ended early)")
         ok, value = r[0], r[1]
         if not ok:
             raise StudentFailure(_failure_text(self.name, value))
-        if len(r) > 2 and r[2] > 0:
+        extra = r[2] if len(r) > 2 and isinstance(r[2], dict) else {}
+        if extra.get("changes"):
+            try:
+                apply_changes(args, kwargs, extra["changes"])
+            except Undecodable:
+                raise StudentFailure(f"{self.name} changed the type or shape of an input in place") from None
+        if extra.get("peak", 0) > 0:
             # the peak memory the student's call reached in the sandbox, allocated here once more, so
             # that a test cell measuring the call (tracemalloc) sees the student's memory, not ours
-            held = bytearray(r[2])
+            # (np.empty: tracemalloc counts it, and its pages are never touched, so the judge's
+            # memory does not grow by a student's claim)
+            held = np.empty(int(extra["peak"]), dtype=np.uint8)
             del held
+        lower = lower_precision(value, skeleton)
+        if lower:
+            raise StudentFailure(f"{self.name} returned {lower[0]} where the exercise's answer is "
+                                 f"{lower[1]} (less precise than asked)")
         return to_native(copy.deepcopy(value))
 
 
@@ -300,20 +331,41 @@ def memory_measuring_tests(plan) -> list:
     return [t.gid for t in plan.tests if any(m in t.source for m in MEMORY_MARKERS)]
 
 
+# What the grader says when a student's function failed in the sandbox. The sandbox sends one of
+# these codes (anything else reads "failed"): never a class name or a message, which the student's
+# code chooses and which could carry the hidden inputs out.
+_FAILURES = {
+    "timeout": "{name} ran out of time on this case",
+    "missing": "{name} is not defined (its answer cell failed or was skipped)",
+    "crashed": "{name} crashed the grading run on this case",
+    "not a function": "{name} is not a function",
+    "raised": "{name} raised an exception on this case",
+    "uncomparable": ("{name} returned a value the grader cannot compare (numbers, strings, lists, "
+                     "tuples, dicts, NumPy arrays and torch tensors only)"),
+    "unreadable": "{name} could not be read after its test cell (reading it failed)",
+    "failed": "{name} failed on this case",
+}
+
+# exception class names the grader may print: Python's own (a student's class may be named
+# anything, and registering it in builtins does not put it in this list)
+KNOWN_ERRORS = frozenset({
+    "ArithmeticError", "AssertionError", "AttributeError", "BufferError", "EOFError", "Exception",
+    "FloatingPointError", "ImportError", "IndexError", "KeyError", "KeyboardInterrupt", "LookupError",
+    "MemoryError", "ModuleNotFoundError", "NameError", "NotImplementedError", "OSError",
+    "OverflowError", "RecursionError", "RuntimeError", "StopIteration", "SyntaxError",
+    "IndentationError", "TabError", "SystemExit", "TimeoutError", "TypeError", "UnboundLocalError",
+    "UnicodeError", "UnicodeDecodeError", "UnicodeEncodeError", "ValueError", "ZeroDivisionError",
+    "CheckFailed",
+})
+
+
+def error_name(name) -> str:
+    """``name`` if it is one of :data:`KNOWN_ERRORS`, else "an exception"."""
+    return name if isinstance(name, str) and name in KNOWN_ERRORS else "an exception"
+
+
 def _failure_text(name: str, error: str) -> str:
-    if error == "timeout":
-        return f"{name} ran out of time on this case"
-    if error == "missing":
-        return f"{name} is not defined (its answer cell failed or was skipped)"
-    if error == "crashed":
-        return f"{name} crashed the grading run on this case"
-    if error == "not a function":
-        return f"{name} is not a function"
-    if error.startswith("raised "):
-        return f"{name} {error}"
-    if error.startswith("cannot be compared"):
-        return f"{name} returned a value the grader {error}"
-    return f"{name} failed ({error[:60]})"
+    return _FAILURES.get(error, _FAILURES["failed"]).format(name=name)
 
 
 # --------------------------------------------------------------------------- diagnosis
@@ -346,7 +398,7 @@ def classify(exc: BaseException) -> str:
         if isinstance(name, str) and re.fullmatch(r"[A-Za-z_]\w{0,40}", name):
             return f"{name} is not defined (its answer cell failed or was skipped)"
         return "a name the test needs is not defined"
-    return f"the result could not be checked ({type(exc).__name__}: wrong type or shape?)"
+    return f"the result could not be checked ({error_name(type(exc).__name__)}: wrong type or shape?)"
 
 
 def _case(exc: BaseException) -> str | None:
@@ -401,7 +453,8 @@ class Judge:
                     plt.close("all")
                 except Exception:  # noqa: BLE001
                     pass
-        calls = {gid: {n: [b for b, _ in log] for n, log in per.items()}
+        # the sandbox's hidden phase answers the calls of the hidden part: {gid: {name: [(k, blob)]}}
+        calls = {gid: {n: [(k, e[0]) for k, e in enumerate(log) if e[2] == "h"] for n, log in per.items()}
                  for gid, per in self.logs.items() if gid not in self.broken}
         return {"calls": calls, "broken": dict(self.broken), "seconds": time.perf_counter() - start}
 
@@ -410,27 +463,34 @@ class Judge:
         self.snapshots[test.gid] = snapshot
         ns = dict(snapshot)
         logs: dict[str, list] = {}
+        part = ["v"]  # which part of the test cell is running: visible ("v") or hidden ("h")
         for name, mode in test.names:
             if mode == "call":
                 if not callable(ns.get(name)):
                     self.broken[test.gid] = f"the master's {name} is not a function"
                     return
                 logs[name] = []
-                ns[name] = _Recorder(name, ns[name], logs[name])
+                ns[name] = _Recorder(name, ns[name], logs[name], part)
         self.logs[test.gid] = logs
         try:
-            exec(compile(test.source, f"<{test.gid}>", "exec"), ns)  # noqa: S102 (master code)
+            for tag, src in zip("vhv", split_test(test.source)):  # as the replay runs it, part by part
+                if src.strip():
+                    part[0] = tag
+                    exec(compile(src, f"<{test.gid}>", "exec"), ns)  # noqa: S102 (master code)
         except GraderError as exc:
             self.broken[test.gid] = str(exc)
         except BaseException as exc:  # noqa: BLE001
             self.broken[test.gid] = (f"the master's own solution fails its test "
                                      f"({type(exc).__name__}: {str(exc)[:200]})")
 
-    def evaluate(self, values: dict, results: dict) -> dict:
+    def evaluate(self, values: dict, results: dict, visible: dict | None = None) -> dict:
         """Judge one submission.
 
         ``values``: {gid: {name: (ok, decoded value or error)}} for value names;
-        ``results``: {gid: {name: {k: (ok, decoded value or error)}}} for function names.
+        ``results``: {gid: {name: {k: (ok, decoded value or error[, extra])}}} for function names
+        (the hidden phase's answers to call k; ``extra``: {"changes": in-place changes, "peak": bytes});
+        ``visible``: {gid: {name: [(digest of the inputs, (ok, value or error[, extra]))]}}: what the
+        function returned to the visible checks when they ran in the sandbox.
         Returns {gid: {"passed", "part" ("visible"/"hidden"/"grader"), "diagnosis"}}.
         """
         out = {}
@@ -440,13 +500,20 @@ class Judge:
                 out[gid] = {"passed": False, "part": "grader", "diagnosis": self.broken[gid]}
                 continue
             ns = dict(self.snapshots[gid])
+            unusable = [(name, v[1]) for name, mode in test.names if mode == "value"
+                        for v in [values.get(gid, {}).get(name)] if v is not None and not v[0]
+                        and v[1] != "missing"]
+            if unusable:  # a value the test needs could not be read: the test fails, in fixed words
+                out[gid] = {"passed": False, "part": "visible", "out": "",
+                            "diagnosis": "visible checks: " + _failure_text(*unusable[0])}
+                continue
             for name, mode in test.names:
                 if mode == "call":
                     got = results.get(gid, {}).get(name, {})
+                    seen = (visible or {}).get(gid, {}).get(name, [])
                     fail = values.get(gid, {}).get(name)
-                    if fail is not None and not fail[0] and not got:
-                        got = {k: (False, fail[1]) for k in range(len(self.logs[gid][name]))}
-                    ns[name] = _Replayer(name, self.logs[gid][name], got, 0)
+                    ns[name] = _Replayer(name, self.logs[gid][name], got, seen,
+                                         failure=fail[1] if fail is not None and not fail[0] else None)
                 else:
                     v = values.get(gid, {}).get(name)
                     if v is None or not v[0]:
@@ -460,16 +527,17 @@ class Judge:
 
     def _replay(self, test: TestCell, ns: dict) -> dict:
         before, hidden, after = split_test(test.source)
-        sink = io.StringIO()
+        sink = io.StringIO()  # what the visible checks print (shown); the hidden part's prints are dropped
         for part, src in (("visible", before), ("hidden", hidden), ("visible", after)):
             if not src.strip():
                 continue
+            out = sink if part == "visible" else io.StringIO()
             try:
-                with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink), \
+                with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), \
                         np.errstate(all="ignore"):
                     exec(compile(src, f"<{test.gid} {part}>", "exec"), ns)  # noqa: S102
             except GraderError as exc:
-                return {"passed": False, "part": "grader", "diagnosis": str(exc)}
+                return {"passed": False, "part": "grader", "diagnosis": str(exc), "out": _visible_out(sink)}
             except BaseException as exc:  # noqa: BLE001  (whatever the student's data did)
                 words = classify(exc)
                 if part == "hidden":
@@ -478,9 +546,24 @@ class Judge:
                     label = f"hidden case {case}" if case else "a hidden case"
                     words = f"{label}: {words}" + (f" ({hint})" if hint else "")
                 else:
-                    words = f"visible checks: {words}"
-                return {"passed": False, "part": part, "diagnosis": words}
-        return {"passed": True, "part": None, "diagnosis": ""}
+                    words = f"visible checks: {_first_cross(sink.getvalue(), exc) or words}"
+                return {"passed": False, "part": part, "diagnosis": words, "out": _visible_out(sink)}
+        return {"passed": True, "part": None, "diagnosis": "", "out": _visible_out(sink)}
+
+
+def _first_cross(text: str, exc: BaseException) -> str:
+    """The first ✘ line the checks printed (or raised) in the replay: the checks' own words,
+    computed here on the student's results, never a line the student's code printed."""
+    for line in (text or "").splitlines() + str(exc).splitlines()[:1]:
+        if line.startswith("✘"):
+            return line[:240]
+    return ""
+
+
+def _visible_out(sink) -> str:
+    """What the checks printed in the replay, up to the hidden part's first line (the hidden
+    part's prints are not shown)."""
+    return sink.getvalue()[-4000:]
 
 
 class _Unusable:

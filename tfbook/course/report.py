@@ -1,10 +1,17 @@
-"""What ``grade`` writes besides grades.csv: feedback pages, the per-exercise table and
-plot for instructors, and the console summary."""
+"""What ``grade`` writes: grades.csv (and rows.json, for ``merge``), feedback pages, the
+per-exercise table and plot for instructors, and the console summary.
+
+Student-controlled text (a student's name, what a notebook printed, a value it returned) is
+written for its medium: HTML-escaped inside elements MathJax ignores (``tex2jax_ignore``),
+with terminal control characters removed in the console, and as CSV cells that a spreadsheet
+cannot read as formulas."""
 
 from __future__ import annotations
 
 import csv
 import html
+import json
+import re
 import shutil
 import statistics
 import sys
@@ -16,11 +23,30 @@ from tfbook.course import release
 ROOT = Path(__file__).resolve().parents[2]
 MATHJAX = ROOT / "_vendor" / "mathjax"
 EXCERPT = 600  # characters of a test cell's output shown on a feedback page
+ROWS_FILE = "rows.json"  # every row with its exercises: what ``merge`` joins
+CSV_FIELDS = ["student", "assignment", "score", "max_score", "status", "reason"]
+NO_MATH = "tex2jax_ignore mathjax_ignore"  # MathJax never typesets inside these elements
 
 _CSS = """body{font-family:system-ui,sans-serif;max-width:56rem;margin:2rem auto;padding:0 1rem;
 line-height:1.45}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.3rem .5rem;
 vertical-align:top}.pass{color:#176b1a}.fail{color:#a40e0e}pre{background:#f6f6f6;padding:.5rem;
 white-space:pre-wrap;overflow-wrap:anywhere}.task{border-left:3px solid #ddd;padding-left:.8rem}"""
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2066-\u2069\ufeff]")
+
+
+def terminal(text) -> str:
+    """``text`` fit for one console line: control characters (ANSI and OSC escapes, bidi
+    overrides, newlines) replaced by a space."""
+    return _CONTROL.sub(" ", str(text))
+
+
+def csv_cell(text) -> str:
+    """A CSV cell a spreadsheet shows as text: a leading =, +, -, @ (or a tab or carriage
+    return) would make it a formula, so such a cell gets a leading apostrophe."""
+    text = _CONTROL.sub(" ", str(text))
+    return "'" + text if text[:1] in ("=", "+", "-", "@") else text
 
 
 def _markdown(text: str) -> str:
@@ -33,24 +59,35 @@ def _markdown(text: str) -> str:
 
 
 def _excerpt(text: str) -> str:
-    text = text or ""
+    text = terminal_keep_lines(text or "")
     if len(text) > EXCERPT:
         text = text[:EXCERPT] + f"\n… ({len(text) - EXCERPT} more characters not shown)"
     return html.escape(text)
 
 
+def terminal_keep_lines(text: str) -> str:
+    return "\n".join(terminal(line) for line in text.splitlines())
+
+
+def _student(text) -> str:
+    """Student-controlled text for a page: escaped, and in an element MathJax leaves alone."""
+    return f"<span class='{NO_MATH}'>{html.escape(str(text))}</span>"
+
+
 def feedback_page(row, plan, mathjax_src: str | None) -> str:
-    head = [f"<meta charset='utf-8'><title>{html.escape(row.assignment)}: {html.escape(row.student)}"
+    head = [f"<meta charset='utf-8'><title>{html.escape(row.assignment)}: {html.escape(terminal(row.student))}"
             "</title>", f"<style>{_CSS}</style>"]
     if mathjax_src:
+        # only the exercises' own text (class "task", from the chapter notebook) is typeset; the
+        # whole body is ignored otherwise, so a student's printed $...$ stays text
         head.append("<script>window.MathJax={tex:{inlineMath:[['$','$'],['\\\\(','\\\\)']]},"
-                    "options:{processHtmlClass:'task'}};</script>")
+                    "options:{ignoreHtmlClass:'tex2jax_ignore',processHtmlClass:'task'}};</script>")
         head.append(f"<script id='MathJax-script' async src='{html.escape(mathjax_src)}'></script>")
     body = [f"<h1>{html.escape(row.assignment)}</h1>",
-            f"<p>Student: <b>{html.escape(row.student)}</b>. Score: <b>{row.score:g} / "
+            f"<p>Student: <b>{_student(row.student)}</b>. Score: <b>{row.score:g} / "
             f"{row.max_score:g}</b> ({html.escape(row.status)}).</p>"]
     if row.reason:
-        body.append(f"<p>Notes: {html.escape(row.reason)}</p>")
+        body.append(f"<p>Notes: {_student(row.reason)}</p>")
     for ex in row.exercises:
         t = plan.test(ex["gid"])
         cls = "pass" if ex["passed"] else "fail"
@@ -58,13 +95,16 @@ def feedback_page(row, plan, mathjax_src: str | None) -> str:
         if t.task:
             body.append(f"<div class='task'>{_markdown(t.task)}</div>")
         body.append("<p>" + ("All checks passed." if ex["passed"] else
-                             f"What failed: {html.escape(ex['diagnosis'])}") + "</p>")
-        body.append("<p>The visible checks printed (an excerpt):</p>"
-                    f"<pre>{_excerpt(ex['visible_out'])}</pre>")
+                             f"What failed: {_student(ex['diagnosis'])}") + "</p>")
+        if ex.get("checks_out"):
+            body.append("<p>The visible checks, as the grader ran them on your results:</p>"
+                        f"<pre class='{NO_MATH}'>{_excerpt(ex['checks_out'])}</pre>")
+        body.append("<p>What the visible test cell printed in your notebook (an excerpt; not used "
+                    f"for the score):</p><pre class='{NO_MATH}'>{_excerpt(ex['visible_out'])}</pre>")
         if "HIDDEN TESTS" in t.source:
             body.append("<p><i>(hidden tests: not shown)</i></p>")
-    return "<!DOCTYPE html><html><head>" + "".join(head) + "</head><body>" + "\n".join(body) + \
-        "</body></html>"
+    return (f"<!DOCTYPE html><html><head>{''.join(head)}</head><body class='{NO_MATH}'>"
+            + "\n".join(body) + "</body></html>")
 
 
 def write_feedback(rows, masters, plans, root: Path) -> None:
@@ -84,24 +124,51 @@ def write_feedback(rows, masters, plans, root: Path) -> None:
         dest.write_text(page, encoding="utf-8")
 
 
-def exercise_table(rows, plans) -> list[dict]:
+def as_dict(row) -> dict:
+    """A row as plain data (what rows.json holds)."""
+    if isinstance(row, dict):
+        return row
+    return {"student": row.student, "assignment": row.assignment, "score": row.score,
+            "max_score": row.max_score, "status": row.status, "reason": row.reason,
+            "seconds": round(row.seconds, 3),
+            "exercises": [{k: e[k] for k in ("gid", "points", "score", "passed", "diagnosis")}
+                          for e in row.exercises]}
+
+
+def write_grades(rows, out: Path) -> None:
+    """grades.csv (formula-safe cells) and rows.json."""
+    data = [as_dict(r) for r in rows]
+    with open(out / "grades.csv", "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(CSV_FIELDS)
+        for r in data:
+            writer.writerow([csv_cell(r["student"]), csv_cell(r["assignment"]), f"{r['score']:g}",
+                             f"{r['max_score']:g}", csv_cell(r["status"]), csv_cell(r["reason"])])
+    (out / ROWS_FILE).write_text(json.dumps(data, ensure_ascii=False, indent=0), encoding="utf-8")
+
+
+def exercise_table(rows) -> list[dict]:
+    data = [as_dict(r) for r in rows]
+    order: dict[tuple[str, str], float] = {}
+    for r in sorted(data, key=lambda r: r["assignment"]):
+        for e in r["exercises"]:
+            order.setdefault((r["assignment"], e["gid"]), e["points"])
     out = []
-    for a, plan in plans.items():
-        for t in plan.tests:
-            got = [e for r in rows if r.assignment == a for e in r.exercises if e["gid"] == t.gid]
-            diagnoses = Counter(e["diagnosis"] for e in got if not e["passed"] and e["diagnosis"])
-            common = diagnoses.most_common(1)
-            out.append({
-                "assignment": a, "exercise": t.gid, "points": f"{t.points:g}", "graded": len(got),
-                "mean_score": f"{statistics.mean(e['score'] for e in got):.2f}" if got else "",
-                "share_passing": f"{sum(e['passed'] for e in got) / len(got):.2f}" if got else "",
-                "most_common_diagnosis": (f"{common[0][0]} ({common[0][1]}x)" if common else ""),
-            })
+    for (a, gid), points in order.items():
+        got = [e for r in data if r["assignment"] == a for e in r["exercises"] if e["gid"] == gid]
+        diagnoses = Counter(e["diagnosis"] for e in got if not e["passed"] and e["diagnosis"])
+        common = diagnoses.most_common(1)
+        out.append({
+            "assignment": a, "exercise": gid, "points": f"{points:g}", "graded": len(got),
+            "mean_score": f"{statistics.mean(e['score'] for e in got):.2f}" if got else "",
+            "share_passing": f"{sum(e['passed'] for e in got) / len(got):.2f}" if got else "",
+            "most_common_diagnosis": csv_cell(f"{common[0][0]} ({common[0][1]}x)") if common else "",
+        })
     return out
 
 
-def write_exercise_table(rows, plans, out: Path) -> list[dict]:
-    table = exercise_table(rows, plans)
+def write_exercise_table(rows, out: Path) -> list[dict]:
+    table = exercise_table(rows)
     fields = ["assignment", "exercise", "points", "graded", "mean_score", "share_passing",
               "most_common_diagnosis"]
     with open(out / "exercises.csv", "w", newline="", encoding="utf-8") as f:
@@ -132,21 +199,27 @@ def write_exercise_table(rows, plans, out: Path) -> list[dict]:
 
 
 def print_summary(rows, seconds: float, warning: str, judged: dict | None = None, stream=None) -> None:
+    """Every row on one line (control characters removed), then the times per notebook (each
+    notebook's sandbox runs and its judging)."""
     stream = stream or sys.stdout
+    data = [as_dict(r) for r in rows]
     if warning:
         print("!" * 78 + f"\n{warning}\n" + "!" * 78, file=stream)
-    w = max([len(r.student) for r in rows] + [7])
-    wa = max([len(r.assignment) for r in rows] + [10])
+    w = min(max([len(r["student"]) for r in data] + [7]), 40)
+    wa = max([len(r["assignment"]) for r in data] + [10])
     print(f"{'student':<{w}}  {'assignment':<{wa}}  {'score':>9}  {'status':<18}  {'time':>6}  reason",
           file=stream)
-    for r in rows:
-        t = f"{r.seconds:.1f}s" if r.seconds else "-"
-        print(f"{r.student:<{w}}  {r.assignment:<{wa}}  {r.score:>4g}/{r.max_score:<4g}  {r.status:<18}  "
-              f"{t:>6}  {r.reason}", file=stream)
-    ts = [r.seconds for r in rows if r.seconds]
+    for r in data:
+        t = f"{r['seconds']:.1f}s" if r.get("seconds") else "-"
+        name = terminal(r["student"])
+        name = name if len(name) <= w else name[: w - 1] + "…"
+        print(terminal(f"{name:<{w}}  {r['assignment']:<{wa}}  {r['score']:>4g}/{r['max_score']:<4g}  "
+                       f"{r['status']:<18}  {t:>6}  {r['reason']}"), file=stream)
+    ts = [r["seconds"] for r in data if r.get("seconds")]
     if ts:
-        print(f"{len(rows)} rows; {len(ts)} notebooks run: median {statistics.median(ts):.1f} s, "
-              f"max {max(ts):.1f} s per notebook; {seconds:.1f} s in all", file=stream)
+        print(f"{len(data)} rows; {len(ts)} notebooks run: median {statistics.median(ts):.1f} s, "
+              f"max {max(ts):.1f} s per notebook (its sandbox runs and its judging); "
+              f"{seconds:.1f} s in all", file=stream)
     for a, t in (judged or {}).items():
         if t is not None:
             print(f"{a}: the master notebook ran once in the judge, {t:.1f} s", file=stream)

@@ -15,8 +15,15 @@ Limits (``Limits``): address space for data (``RLIMIT_DATA``, default 4 GiB, so 
 8 GiB allocation raises ``MemoryError``), CPU seconds (``RLIMIT_CPU``), processes and
 threads of the sandbox user (``RLIMIT_NPROC``), size of any file written
 (``RLIMIT_FSIZE``), plus the grader's own wall-clock limits per cell and per notebook.
-When the grader runs as root the submission runs as user ``nobody`` (65534): root is
-exempt from ``RLIMIT_NPROC``, and ``nobody`` owns nothing outside its scratch folder.
+
+Each submission is alone (:class:`Slots`): when the grader runs as root, each of the
+``--jobs`` sandboxes running at once has a user of its own (uids 200000 + slot, which own
+nothing on the host), so ``RLIMIT_NPROC`` (a per-user count) is that sandbox's budget: a fork
+bomb exhausts its own processes, never a classmate's. Where the system lets the grader create
+control groups (cgroup v1 or v2, ``memory`` and ``pids``), each slot also gets one: a memory
+limit for all of the sandbox's processes together (RLIMIT_DATA is per process), a process
+limit, and a trusted measure of the sandbox's peak memory. Without root or cgroups the
+sandboxes share one user and the per-process limits (said in the README).
 
 Where bubblewrap is missing (macOS) or does not work, :func:`available` says why, and
 the grader runs the driver as a plain subprocess with the same limits and a loud
@@ -37,7 +44,8 @@ from pathlib import Path
 import tfbook
 
 PACKAGE = Path(tfbook.__file__).resolve().parent
-SANDBOX_UID = 65534  # nobody
+SANDBOX_UID = 65534  # nobody (without slots)
+SLOT_UID = 200000  # + slot: one user per sandbox running at once
 INSIDE = "/grading"  # where the scratch folder appears inside the sandbox
 SYSTEM = ["/usr", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/opt/conda"]
 
@@ -117,7 +125,8 @@ def environment(scratch_inside: str) -> dict[str, str]:
     }
 
 
-def bwrap_command(files: dict[str, Path], argv: list[str], limits: Limits | None = None) -> list[str]:
+def bwrap_command(files: dict[str, Path], argv: list[str], limits: Limits | None = None,
+                  uid: int = SANDBOX_UID) -> list[str]:
     """The bwrap command line that runs ``argv`` in the sandbox.
 
     ``files`` maps paths relative to /grading to host files bound there read-only (the
@@ -165,7 +174,7 @@ def bwrap_command(files: dict[str, Path], argv: list[str], limits: Limits | None
     if os.geteuid() == 0:
         # the driver drops to `nobody` itself, before any student code runs
         cmd += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
-                "--setenv", "TFBOOK_SANDBOX_UID", str(SANDBOX_UID)]
+                "--setenv", "TFBOOK_SANDBOX_UID", str(uid)]
     else:
         cmd += ["--unshare-user"]
     for k, v in environment(INSIDE).items():
@@ -184,7 +193,7 @@ def _own_process_count() -> int:
     return n
 
 
-def preexec(limits: Limits, processes: int | None):
+def preexec(limits: Limits, processes: int | None, slot: "Slot | None" = None):
     """A preexec_fn setting the limits in the child before it execs the sandbox.
 
     In the sandbox every limit must hold (an error stops the child, and the row says the
@@ -200,6 +209,8 @@ def preexec(limits: Limits, processes: int | None):
 
     def apply():
         os.setsid()
+        if slot is not None:
+            slot.enter()  # this process and all it starts: the slot's control groups
         if limits.memory_bytes is not None:
             setlimit(resource.RLIMIT_DATA, limits.memory_bytes)
         setlimit(resource.RLIMIT_CPU, limits.cpu_seconds)
@@ -211,14 +222,14 @@ def preexec(limits: Limits, processes: int | None):
     return apply
 
 
-def nproc_limit(limits: Limits, jobs: int) -> int | None:
-    """RLIMIT_NPROC counts every process and thread of the user: as root the sandbox runs
-    as `nobody` (shared by the parallel jobs); otherwise as this user, who has others
-    (counted in /proc; without /proc, no limit)."""
+def nproc_limit(limits: Limits, jobs: int, per_uid: bool = False) -> int | None:
+    """RLIMIT_NPROC counts every process and thread of the user: as root with slots each
+    sandbox has its own user (its own budget); as root without, `nobody` (shared by the
+    parallel jobs); otherwise this user, who has others (counted in /proc; without /proc, no limit)."""
     if not os.path.isdir("/proc"):
         return None
     if os.geteuid() == 0:
-        return limits.processes * max(jobs, 1)
+        return limits.processes if per_uid else limits.processes * max(jobs, 1)
     return _own_process_count() + limits.processes * max(jobs, 1)
 
 
@@ -240,3 +251,146 @@ def prepare_scratch(scratch: Path) -> None:
     mpl.mkdir(exist_ok=True)
     for f in font_caches():
         shutil.copyfile(f, mpl / f.name)
+
+
+# --------------------------------------------------------------------------- one budget per sandbox
+
+
+def _own_cgroup(controller: str) -> Path | None:
+    """Where this process's control group of ``controller`` is (v1), or the unified one (v2)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, ctrls, path = line.split(":", 2)
+        if controller in ctrls.split(","):
+            base = Path("/sys/fs/cgroup") / controller
+            if base.is_dir():
+                return base / path.lstrip("/")
+    for line in lines:  # v2
+        if line.startswith("0::"):
+            base = Path("/sys/fs/cgroup")
+            if (base / "cgroup.controllers").is_file():
+                where = base / line[3:].lstrip("/")
+                ctrls = (where / "cgroup.subtree_control").read_text().split() if \
+                    (where / "cgroup.subtree_control").is_file() else []
+                return where if controller in ctrls else None
+    return None
+
+
+def _write(path: Path, value) -> bool:
+    try:
+        path.write_text(str(value))
+        return True
+    except OSError:
+        return False
+
+
+class Slot:
+    """One of the sandboxes that run at once: its user and, where possible, its control groups."""
+
+    def __init__(self, index: int, limits: Limits, tag: str):
+        self.index = index
+        self.uid = SLOT_UID + index if os.geteuid() == 0 else None
+        self.groups: dict[str, Path] = {}
+        if os.geteuid() != 0 or sys.platform != "linux":
+            return
+        for controller in ("memory", "pids"):
+            base = _own_cgroup(controller)
+            if base is None:
+                continue
+            where = base / f"{tag}-{index}"
+            try:
+                where.mkdir(exist_ok=True)
+            except OSError:
+                continue
+            v2 = not (where / "tasks").exists()  # a v1 group has a tasks file
+            ok = True
+            if controller == "memory" and limits.memory_bytes is not None:
+                ok = _write(where / ("memory.max" if v2 else "memory.limit_in_bytes"), limits.memory_bytes)
+                if not v2:
+                    _write(where / "memory.memsw.limit_in_bytes", limits.memory_bytes)  # no swapping out
+            if controller == "pids":
+                ok = _write(where / "pids.max", limits.processes)
+            if ok:
+                self.groups[controller] = where
+            else:
+                try:
+                    where.rmdir()
+                except OSError:
+                    pass
+
+    def enter(self) -> None:
+        """In the child, before it execs the sandbox: join the slot's control groups."""
+        for where in self.groups.values():
+            with open(where / "cgroup.procs", "w") as f:
+                f.write(str(os.getpid()))
+
+    def reset_peak(self) -> None:
+        where = self.groups.get("memory")
+        if where is not None:
+            _write(where / "memory.max_usage_in_bytes", 0) or _write(where / "memory.peak", 0)
+
+    def peak(self) -> int | None:
+        """The sandbox's peak memory (all its processes) since the last reset, measured by the kernel."""
+        where = self.groups.get("memory")
+        for name in ("memory.max_usage_in_bytes", "memory.peak"):
+            try:
+                return int((where / name).read_text().split()[0]) if where is not None else None
+            except (OSError, ValueError, IndexError):
+                continue
+        return None
+
+    def kill_all(self) -> None:
+        """Every process left in the slot's groups (a sandbox's leftovers) is killed."""
+        for where in self.groups.values():
+            try:
+                pids = [int(x) for x in (where / "cgroup.procs").read_text().split()]
+            except (OSError, ValueError):
+                continue
+            for pid in pids:
+                try:
+                    os.kill(pid, 9)
+                except OSError:
+                    pass
+
+    def remove(self) -> None:
+        self.kill_all()
+        for where in self.groups.values():
+            for _ in range(50):
+                try:
+                    where.rmdir()
+                    break
+                except OSError:
+                    import time
+
+                    time.sleep(0.05)
+
+
+class Slots:
+    """``jobs`` slots, handed to the submissions being graded (one slot per running sandbox)."""
+
+    def __init__(self, jobs: int, limits: Limits):
+        import queue
+
+        tag = f"tfbook-grade-{os.getpid()}"
+        self.all = [Slot(i, limits, tag) for i in range(jobs)]
+        self.free: "queue.Queue[Slot]" = queue.Queue()
+        for s in self.all:
+            self.free.put(s)
+
+    @property
+    def cgroups(self) -> list[str]:
+        return sorted({c for s in self.all for c in s.groups})
+
+    def acquire(self) -> Slot:
+        return self.free.get()
+
+    def release(self, slot: Slot) -> None:
+        slot.kill_all()
+        self.free.put(slot)
+
+    def remove(self) -> None:
+        for s in self.all:
+            s.remove()

@@ -15,6 +15,7 @@ and a list of torch dtypes. No student bytes are ever unpickled by the grader.
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import math
 import re
@@ -140,8 +141,12 @@ def _load_npy(s) -> np.ndarray:
         arr = np.load(io.BytesIO(base64.b64decode(s, validate=True)), allow_pickle=False)
     except Exception as exc:  # noqa: BLE001  (whatever the bytes were, they are not an array)
         raise Undecodable(f"bad array ({type(exc).__name__})") from None
-    if not isinstance(arr, np.ndarray) or arr.dtype.hasobject:
+    if not isinstance(arr, np.ndarray) or arr.dtype.hasobject or arr.dtype.kind not in "biufcSU":
         raise Undecodable("bad array")
+    # degenerate arrays cost the grader work out of proportion to their bytes (a 145-byte file
+    # can say "10^12 elements of zero bytes each"): refused
+    if arr.dtype.itemsize == 0 or arr.size > MAX_BYTES:
+        raise Undecodable("bad array (degenerate size)")
     return arr
 
 
@@ -198,3 +203,125 @@ def finite_float(x) -> bool:
         return math.isfinite(float(x))
     except (TypeError, ValueError):
         return False
+
+
+# --------------------------------------------------------------------------- digests and in-place changes
+# Shared by the sandbox (it labels the calls it answered) and the judge (it matches them).
+
+
+def _digest_into(h, x, depth=0) -> None:
+    if depth > 20:
+        h.update(b"deep")
+        return
+    if isinstance(x, np.ndarray) or isinstance(x, np.generic):
+        a = np.ascontiguousarray(x)
+        h.update(f"nd{a.dtype}{a.shape}".encode())
+        h.update(a.tobytes())
+    elif type(x).__module__.startswith("torch") and hasattr(x, "detach") and hasattr(x, "dtype"):
+        t = x.detach().cpu()
+        h.update(f"t{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.float().numpy().tobytes() if "bfloat16" in str(t.dtype) else t.numpy().tobytes())
+    elif hasattr(x, "state_dict") and callable(x.state_dict):
+        h.update(type(x).__name__.encode())
+        for k, v in x.state_dict().items():
+            h.update(k.encode())
+            _digest_into(h, v, depth + 1)
+    elif isinstance(x, (list, tuple)):
+        # a list and a tuple with the same items are the same input: an honest answer that
+        # returns a list where the solution returns a tuple (a cache passed back in) replays
+        h.update(f"seq{len(x)}".encode())
+        for i in x:
+            _digest_into(h, i, depth + 1)
+    elif isinstance(x, dict):
+        h.update(f"d{len(x)}".encode())
+        for k in sorted(x, key=repr):
+            h.update(repr(k).encode())
+            _digest_into(h, x[k], depth + 1)
+    elif isinstance(x, (int, float, complex, str, bool, type(None))):
+        h.update(repr(x).encode())
+    else:
+        h.update(type(x).__name__.encode())
+
+
+def digest(args, kwargs) -> str:
+    """A fingerprint of a call's inputs (values, dtypes and shapes; lists and tuples alike)."""
+    h = hashlib.sha256()
+    _digest_into(h, (args, kwargs))
+    return h.hexdigest()
+
+
+def _is_tensor(x) -> bool:
+    return (type(x).__module__ or "").startswith("torch") and hasattr(x, "detach") and hasattr(x, "dtype")
+
+
+def array_leaves(args, kwargs, limit: int = 64) -> list:
+    """(path, array or tensor) for the arrays a call received, in its arguments and one level of
+    lists, tuples and dicts inside them: what a function could change in place."""
+    out = []
+
+    def visit(x, path, depth):
+        if len(out) >= limit:
+            return
+        if isinstance(x, np.ndarray) or _is_tensor(x):
+            out.append((path, x))
+        elif depth < 2 and isinstance(x, (list, tuple)):
+            for i, v in enumerate(x):
+                visit(v, path + [i], depth + 1)
+        elif depth < 2 and isinstance(x, dict):
+            for k, v in x.items():
+                if isinstance(k, (str, int)) and not isinstance(k, bool):
+                    visit(v, path + [k], depth + 1)
+
+    for i, a in enumerate(args):
+        visit(a, ["a", i], 0)
+    for k, v in kwargs.items():
+        visit(v, ["k", k], 0)
+    return out
+
+
+def snapshot(leaves: list) -> list:
+    """Copies of the leaves' contents (to compare with after the call)."""
+    return [np.array(_as_numpy(x), copy=True) for _, x in leaves]
+
+
+def _as_numpy(x):
+    if _is_tensor(x):
+        t = x.detach().cpu()
+        return t.float().numpy() if "bfloat16" in str(t.dtype) else t.numpy()
+    return np.asarray(x)
+
+
+def changed_leaves(leaves: list, before: list) -> list:
+    """[path, encoded new contents] for each leaf whose contents changed during the call."""
+    out = []
+    for (path, x), old in zip(leaves, before):
+        now = _as_numpy(x)
+        if now.shape != old.shape or now.dtype != old.dtype or not np.array_equal(now, old, equal_nan=True):
+            out.append([path, encode(np.array(now, copy=True))])
+    return out
+
+
+def apply_changes(args, kwargs, changes) -> None:
+    """Write a sandboxed call's in-place changes (decoded) into the judge's own arguments, so
+    that a test which checks its inputs after the call sees what the student's function did."""
+    for path, new in changes:
+        if not isinstance(path, list) or len(path) < 2 or not isinstance(new, np.ndarray):
+            raise Undecodable("bad in-place change")
+        try:
+            x = args[path[1]] if path[0] == "a" else kwargs[path[1]]
+            for key in path[2:]:
+                x = x[key]
+        except (KeyError, IndexError, TypeError):
+            raise Undecodable("bad in-place change") from None
+        if _is_tensor(x):
+            import torch
+
+            with torch.no_grad():
+                if tuple(x.shape) == new.shape:
+                    x.copy_(torch.from_numpy(np.array(new, copy=True)).to(x.dtype))
+                else:
+                    x.data = torch.from_numpy(np.array(new, copy=True)).to(x.dtype)
+        elif isinstance(x, np.ndarray) and x.shape == new.shape and x.flags.writeable:
+            x[...] = new
+        else:
+            raise Undecodable("an input changed its shape or type in place")

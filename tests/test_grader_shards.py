@@ -1,0 +1,49 @@
+"""A class graded in two shards (``grade --shard k/2``, as a Slurm array or a CI matrix would)
+and joined with ``merge`` gives the same grades.csv as one run; the shards split the class
+without overlap; a bad shard is refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from tfbook.course import demo, grade, release, sandbox
+
+ROOT = Path(__file__).resolve().parents[1]
+MASTER = ROOT / "notebooks" / f"{demo.CH0}.ipynb"
+STUDENTS = ("ada_correct", "ben_wrong", "cat_raises")
+
+pytestmark = pytest.mark.skipif(not MASTER.exists(), reason="chapter 0 not written yet")
+
+
+def test_parse_shard_refuses_nonsense():
+    assert grade.parse_shard("2/3") == (2, 3) and grade.parse_shard(None) == (1, 1)
+    for bad in ("0/2", "3/2", "1", "a/b", "1/0"):
+        with pytest.raises(ValueError, match="--shard"):
+            grade.parse_shard(bad)
+
+
+def test_two_shards_merged_equal_one_run(tmp_path):
+    if sandbox.available():
+        pytest.skip(sandbox.available())
+    rel = release.release([MASTER], out=tmp_path / "rel", verbose=False)
+    subs = tmp_path / "subs"
+    demo.make_class(subs, rel, tmp_path / "x", "shards", 9, names=list(STUDENTS))
+    one = grade.grade(subs, out=tmp_path / "one", timeout=30, total_timeout=120, verbose=False, jobs=2)
+    parts = [grade.grade(subs, out=tmp_path / f"part{k}", timeout=30, total_timeout=120, verbose=False,
+                         jobs=1, shard=f"{k}/2") for k in (1, 2)]
+    keys = [{(r.student, r.assignment) for r in p} for p in parts]
+    assert keys[0] and keys[1] and not keys[0] & keys[1]  # both shards have work, none twice
+    assert keys[0] | keys[1] == {(r.student, r.assignment) for r in one}
+    grade.merge([tmp_path / "part1", tmp_path / "part2"], tmp_path / "merged", verbose=False)
+    one_csv = (tmp_path / "one" / "grades.csv").read_text(encoding="utf-8")
+    assert (tmp_path / "merged" / "grades.csv").read_text(encoding="utf-8") == one_csv
+    assert (tmp_path / "merged" / "exercises.csv").read_text(encoding="utf-8") == \
+        (tmp_path / "one" / "exercises.csv").read_text(encoding="utf-8")
+    assert sorted(p.relative_to(tmp_path / "merged") for p in (tmp_path / "merged" / "feedback").rglob("*.html")) \
+        == sorted(p.relative_to(tmp_path / "one") for p in (tmp_path / "one" / "feedback").rglob("*.html"))
+    assert [float(line.split(",")[2]) for line in one_csv.splitlines()[1:]] == [7, 2, 5]
+    with pytest.raises(ValueError, match="two shards"):  # the same shard merged twice
+        grade.merge([tmp_path / "part1", tmp_path / "part1"], tmp_path / "bad", verbose=False)
