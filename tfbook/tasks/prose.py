@@ -468,9 +468,6 @@ def main(argv=None) -> None:  # pragma: no cover - the command that writes the s
     cli(__doc__, run, add, argv=argv)
 
 
-if __name__ == "__main__":  # pragma: no cover
-    main()
-
 
 # ----------------------------------------------------------------------------- the long model
 #: the chapter's strongest model: candidates tried (each for every seed), the recipe they share
@@ -744,3 +741,7 @@ def load_long_scores(path=None) -> dict:
     f = shipped("prose_long_scores.json") if path is None else path
     with open(f) as fh:
         return json.load(fh)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
