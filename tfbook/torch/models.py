@@ -101,6 +101,39 @@ def num_params(model: nn.Module) -> int:
 
 @dataclass(frozen=True)
 class EncoderDecoderConfig:
+    """The sizes and choices of an :class:`EncoderDecoder` (frozen; checked when created).
+
+    Attributes
+    ----------
+    src_vocab_size : int
+        Number of source token ids (required).
+    tgt_vocab_size : int
+        Number of target token ids, bos, eos and pad included (required).
+    d_model : int, default 64
+        D, the width of every token vector; must be divisible by ``num_heads``.
+    num_heads : int, default 4
+        H, attention heads per layer; D_K = D / H (16 with the defaults).
+    d_ff : int, default 128
+        Hidden width of each block's MLP.
+    num_encoder_layers : int, default 2
+        Encoder blocks.
+    num_decoder_layers : int, default 2
+        Decoder blocks (self-attention, cross-attention, MLP).
+    max_len : int, default 64
+        Longest source or target sequence (positions 0..max_len-1).
+    pos : str, default "sinusoidal"
+        Position encoding: ``"sinusoidal"`` (fixed, as in the 2017 paper) or ``"learned"``.
+    norm_first : bool, default True
+        Pre-LN (LayerNorm before each sub-layer), which trains at a fixed learning rate
+        without warm-up; False gives the paper's Post-LN.
+    activation : str, default "relu"
+        The MLP's non-linearity, ``"relu"`` (the paper's) or ``"gelu"``.
+    pad_id : int, default 0
+        Id of padding in both vocabularies; marks the invalid positions when no validity
+        mask is passed to ``forward`` or :func:`seq2seq_loss`.
+    eps : float, default 1e-5
+        LayerNorm's epsilon.
+    """
     src_vocab_size: int  # number of source token ids
     tgt_vocab_size: int  # number of target token ids (bos, eos and pad included)
     d_model: int = 64  # D, the width of every token vector
@@ -262,6 +295,33 @@ class EncoderDecoder(nn.Module):
 
 @dataclass(frozen=True)
 class DecoderLMConfig:
+    """The sizes and choices of a :class:`DecoderLM`, a GPT-style model (frozen; checked when created).
+
+    Attributes
+    ----------
+    vocab_size : int
+        Number of token ids (required).
+    block_size : int, default 128
+        Longest context, positions 0..block_size-1 (the size of the learned position table).
+    d_model : int, default 64
+        D, the width of the residual stream; must be divisible by ``num_heads``.
+    num_heads : int, default 4
+        H, attention heads per layer; D_K = D / H (16 with the defaults).
+    num_layers : int, default 2
+        Decoder blocks.
+    d_ff : int, default 256
+        Hidden width of each block's MLP (4 D with the defaults, as in the paper).
+    norm_first : bool, default True
+        Pre-LN, as in GPT-2 and later (with a final LayerNorm); False gives Post-LN.
+    activation : str, default "gelu"
+        The MLP's non-linearity, ``"relu"`` or ``"gelu"`` (exact, erf-based).
+    pos : str, default "learned"
+        Position encoding: a ``"learned"`` table (GPT style) or ``"sinusoidal"``.
+    tie_weights : bool, default True
+        The output head reuses the token embedding W_E (transposed) instead of a matrix of its own.
+    eps : float, default 1e-5
+        LayerNorm's epsilon.
+    """
     vocab_size: int  # number of token ids
     block_size: int = 128  # longest context (positions 0..block_size-1)
     d_model: int = 64  # D, the width of the residual stream
@@ -501,6 +561,41 @@ class DecoderLM(nn.Module):
 
 @dataclass(frozen=True)
 class ViTConfig:
+    """The sizes and choices of a :class:`VisionTransformer` (frozen; checked when created).
+
+    Attributes
+    ----------
+    image_size : int, default 8
+        Images are ``image_size`` x ``image_size`` pixels (8 for scikit-learn's digits).
+    patch_size : int, default 2
+        p, the side of a square patch; must divide ``image_size``. There are
+        N_p = (image_size / p)^2 patches (:attr:`num_patches`; :attr:`grid` per side).
+    in_channels : int, default 1
+        C, colour channels (1 for grey-scale).
+    num_classes : int, default 10
+        Output classes.
+    d_model : int, default 64
+        D, the width of each patch token; must be divisible by ``num_heads``.
+    num_heads : int, default 4
+        H, attention heads per layer.
+    num_layers : int, default 2
+        Encoder blocks.
+    d_ff : int, default 128
+        Hidden width of each block's MLP.
+    pooling : str, default "cls"
+        ``"cls"``: classify from a learned class token; ``"mean"``: from the average of the
+        patch tokens.
+    pos : str, default "1d"
+        Position encoding: ``"1d"`` a learned table over the patch sequence, ``"2d"`` fixed 2D
+        sinusoids (needs ``d_model`` divisible by 4), ``"2d-learned"`` a row table plus a
+        column table, ``"none"`` no positions at all.
+    norm_first : bool, default True
+        Pre-LN, as in the ViT paper.
+    activation : str, default "gelu"
+        The MLP's non-linearity, ``"relu"`` or ``"gelu"``.
+    eps : float, default 1e-5
+        LayerNorm's epsilon.
+    """
     image_size: int = 8  # images are image_size x image_size (8 for sklearn's digits)
     patch_size: int = 2  # p; N = (image_size / p)^2 patches
     in_channels: int = 1  # C (1 for grey-scale)
@@ -650,11 +745,17 @@ def seq2seq_loss(model: EncoderDecoder, src, tgt, src_valid=None, tgt_valid=None
 
 def train_steps(model: nn.Module, loss_fn: Callable, batch_fn: Callable, steps: int,
                 lr: float = 3e-3, weight_decay: float = 0.0, grad_clip: float | None = 1.0,
-                seed: int = 0, disable: bool = False, desc: str = "training") -> list[float]:
+                seed: int = 0, disable: bool = False, desc: str = "training",
+                device=None) -> list[float]:
     """Train ``model`` for ``steps`` AdamW steps at a constant ``lr``; return the loss of every step.
 
-    The short form of :func:`tfbook.torch.training.train` (the one training loop), for
-    chapters that need no schedule or evaluation. ``batch_fn(generator)`` draws a batch
+    The short form of :func:`tfbook.torch.training.train` (the one training loop): it returns
+    ``train(model, loss_fn, batch_fn, steps, lr=lr, weight_decay=weight_decay,
+    grad_clip=grad_clip, seed=seed, disable=disable, desc=desc, device=device).loss``, for
+    chapters that need no schedule or evaluation; call :func:`~tfbook.torch.training.train`
+    itself for a learning-rate schedule, evaluation, early stopping or the full
+    :class:`~tfbook.torch.training.History`. ``device``: as in
+    :func:`~tfbook.torch.training.train` (``None``, the default, trains where the model is). ``batch_fn(generator)`` draws a batch
     (using the given ``torch.Generator``, seeded with ``seed``, for its randomness);
     ``loss_fn(model, *batch)`` returns a scalar loss. The same model initialisation, seed
     and arguments give the same losses on CPU. ``disable=True`` hides the progress bar.
@@ -662,4 +763,4 @@ def train_steps(model: nn.Module, loss_fn: Callable, batch_fn: Callable, steps: 
     from .training import train
 
     return train(model, loss_fn, batch_fn, steps, lr=lr, weight_decay=weight_decay,
-                 grad_clip=grad_clip, seed=seed, disable=disable, desc=desc).loss
+                 grad_clip=grad_clip, seed=seed, disable=disable, desc=desc, device=device).loss

@@ -278,6 +278,37 @@ class LlamaBlock(nn.Module):
 
 @dataclass(frozen=True)
 class LlamaLMConfig:
+    """The sizes and choices of a :class:`LlamaLM`, a Llama-style model (frozen; checked when created).
+
+    Attributes
+    ----------
+    vocab_size : int
+        Number of token ids (required).
+    block_size : int, default 128
+        Longest context used in training and by the KV cache (rotary positions themselves
+        have no limit).
+    d_model : int, default 64
+        D, the width of the residual stream; must be divisible by ``num_heads``.
+    num_heads : int, default 4
+        H, query heads; D_K = D / H must be even (rotary positions turn pairs).
+    num_kv_heads : int, default 4
+        H_KV, key/value heads; must divide H. H_KV = H is multi-head attention, 1 is
+        multi-query, in between grouped-query with group size G = H / H_KV.
+    num_layers : int, default 2
+        Blocks.
+    d_ff : int, default 171
+        SwiGLU hidden width, about 8D/3 (the parameter count of a 4D two-matrix MLP);
+        see :func:`swiglu_d_ff`.
+    rope : str, default "half"
+        Rotary layout: ``"half"`` (Llama as in Hugging Face: dimension i pairs with
+        i + D_K/2) or ``"interleaved"`` (pairs 2i, 2i+1, as in the RoFormer paper).
+    rope_base : float, default 10000.0
+        The angle of pair i at position p is p * rope_base**(-2i/D_K).
+    tie_weights : bool, default True
+        The output head reuses the token embedding W_E (transposed).
+    eps : float, default 1e-6
+        RMSNorm's epsilon.
+    """
     vocab_size: int  # number of token ids
     block_size: int = 128  # longest context (rope itself has no limit; the cache and training do)
     d_model: int = 64  # D, the width of the residual stream

@@ -1,7 +1,8 @@
 """The one training loop of tfbook.
 
 Every model of the book is trained by :func:`train`: chapter 11's character model (through
-the short :func:`tfbook.torch.models.train_steps`), and every task of :mod:`tfbook.tasks`
+the short :func:`tfbook.torch.models.train_steps`, which calls :func:`train` with a constant
+learning rate and returns only the losses), and every task of :mod:`tfbook.tasks`
 (the number words of chapter 12, addition and the corpus of chapter 13, the digits of
 chapter 15). A task supplies three things: the model, ``loss_fn(model, *batch) -> scalar``
 and ``batch_fn(generator) -> batch``; the loop owns everything else:
@@ -14,7 +15,10 @@ and ``batch_fn(generator) -> batch``; the loop owns everything else:
 * seeding (one ``torch.Generator`` seeded with ``seed`` is handed to ``batch_fn``) and,
   optionally, thread pinning (``threads``, via :func:`tfbook.measure.threads`) and
   deterministic algorithms, so that the same seed gives the same losses on the same machine;
-* a tqdm progress bar (``disable=True`` hides it) and ``callbacks``.
+* a tqdm progress bar (``disable=True`` hides it) and ``callbacks``;
+* the device: by default the model trains where its parameters are (the chapters: the CPU);
+  ``device="cuda"`` (or ``"auto"``, :func:`tfbook.device`, which honours ``TFBOOK_DEVICE``)
+  moves the model and every tensor of each batch there.
 
 It returns a :class:`History`: the loss and learning rate of every step, the evaluations
 with their steps, the best evaluation and its step.
@@ -33,6 +37,10 @@ from torch import nn
 __all__ = ["History", "lr_schedule", "train"]
 
 SCHEDULES = ("constant", "warmup_cosine", "hold_linear", "one_cycle")
+# The arguments a bare "warmup_cosine" gets: no warm-up (the first step already uses the peak
+# lr) and a cosine all the way down to 0 (the last step uses lr 0, so it changes nothing).
+# Pass ("warmup_cosine", warmup, min_lr) to choose them.
+WARMUP_COSINE_DEFAULTS = (0, 0.0)
 
 
 @dataclass
@@ -91,8 +99,9 @@ def _check_schedule(schedule, steps: int) -> tuple:
         if len(args) != 1 or not 0.0 < float(args[0]) < 1.0:
             raise ValueError(f"schedule ('one_cycle', pct_start) needs 0 < pct_start < 1, got {args!r}")
         return name, float(args[0]), 0.0
-    warmup = int(args[0]) if len(args) > 0 else 0
-    min_lr = float(args[1]) if len(args) > 1 else 0.0
+    defaults = WARMUP_COSINE_DEFAULTS if name == "warmup_cosine" else (0, 0.0)
+    warmup = int(args[0]) if len(args) > 0 else defaults[0]
+    min_lr = float(args[1]) if len(args) > 1 else defaults[1]
     if name == "hold_linear" and not args:
         raise ValueError("schedule ('hold_linear', hold_steps) needs the number of constant steps")
     if not 0 <= warmup <= steps:
@@ -110,6 +119,11 @@ def lr_schedule(schedule, lr: float, steps: int) -> list[float]:
       first ``warmup`` steps (steps count from 0, so step ``warmup - 1`` uses ``lr``), then a
       half cosine from ``lr`` down to ``min_lr`` at the last step, ``steps - 1``
       (``warmup=0`` behaves as ``warmup=1``).
+      Defaults (:data:`WARMUP_COSINE_DEFAULTS`): a bare ``"warmup_cosine"`` or
+      ``("warmup_cosine", warmup)`` means ``warmup=0`` and ``min_lr=0.0``: **no warm-up**
+      (step 0 uses ``lr``) and a **last step at learning rate 0** (it does not move the
+      weights). Give both arguments when that is not what you want, e.g.
+      ``("warmup_cosine", steps // 10, lr / 10)``.
     * ``("hold_linear", hold)``: ``lr`` for ``hold`` steps, then linearly down towards 0
       (step ``s >= hold`` uses ``lr * (steps - s) / (steps - hold)``).
     * ``("one_cycle", pct_start)``: PyTorch's ``OneCycleLR`` warming up for the fraction
@@ -155,6 +169,30 @@ def _settings(threads: int | None, deterministic: bool):
         yield
 
 
+def _check_device(device):
+    """``None`` -> None; ``"auto"`` -> :func:`tfbook.device`; else a ``torch.device`` that exists here."""
+    if device is None:
+        return None
+    from .. import device as best_device
+
+    if isinstance(device, str) and device.strip().lower() == "auto":
+        return best_device()
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device={device!r} is not a device; use None (where the model is), 'auto' "
+                         f"(tfbook.device()), a string such as 'cpu', 'cuda', 'cuda:1', 'mps', or a "
+                         f"torch.device ({err})") from None
+    available = {"cpu": True, "cuda": torch.cuda.is_available(),
+                 "mps": getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()}
+    if not available.get(dev.type, False):
+        raise ValueError(f"device={device!r} is not available here "
+                         f"(available: {[k for k, ok in available.items() if ok]})")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"device={device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return dev
+
+
 def _state(model: nn.Module) -> dict:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
@@ -165,8 +203,13 @@ def train(model: nn.Module, loss_fn: Callable, batch_fn: Callable, steps: int, *
           maximize: bool = False, patience: int | None = None, keep_best: bool = False,
           seed: int = 0, threads: int | None = None, deterministic: bool = False,
           disable: bool = False, desc: str = "training",
-          callbacks: Iterable[Callable] = ()) -> History:
+          callbacks: Iterable[Callable] = (), device=None) -> History:
     """Train ``model`` in place with AdamW for up to ``steps`` steps; return its :class:`History`.
+
+    The one training loop. :func:`tfbook.torch.models.train_steps` is its short form
+    (``train_steps(...) == train(..., schedule="constant").loss``) for a constant learning
+    rate without evaluation; use :func:`train` for a schedule, evaluation, early stopping,
+    callbacks or the full :class:`History`.
 
     Parameters
     ----------
@@ -184,7 +227,9 @@ def train(model: nn.Module, loss_fn: Callable, batch_fn: Callable, steps: int, *
     grad_clip : float or None
         Clip the global gradient norm to this value before each step.
     schedule : str or tuple
-        The learning rate per step; see :func:`lr_schedule`.
+        The learning rate per step; see :func:`lr_schedule`. Default ``"constant"``. A bare
+        ``"warmup_cosine"`` means no warm-up and a last step at lr 0
+        (:data:`WARMUP_COSINE_DEFAULTS`); pass ``("warmup_cosine", warmup, min_lr)``.
     eval_fn : callable, optional
         ``eval_fn(model) -> float``, the validation metric, called under ``torch.no_grad()``
         with the model in eval mode before the first step and every ``eval_every`` steps.
@@ -207,6 +252,17 @@ def train(model: nn.Module, loss_fn: Callable, batch_fn: Callable, steps: int, *
     callbacks : iterable of callables
         ``cb(step, model, history)`` after every step (``step`` counts steps taken);
         returning True stops training.
+    device : str or torch.device, optional
+        Where to train. ``None`` (default): where the model's parameters already are,
+        nothing is moved (the book's chapters: the CPU). ``"cpu"``, ``"cuda"``, ``"cuda:1"``,
+        ``"mps"`` or a ``torch.device``: the model is moved there (and stays there), and every
+        tensor in each batch is moved there before ``loss_fn`` sees it; ``batch_fn``'s
+        generator stays on the CPU, so the batches, and with them the run, are the same
+        whatever the device. ``"auto"``: :func:`tfbook.device`, i.e. the environment variable
+        ``TFBOOK_DEVICE`` if set, else CUDA, then MPS, then the CPU. ``eval_fn`` and
+        ``callbacks`` get the model on this device: an ``eval_fn`` with data of its own moves
+        it to ``next(model.parameters()).device``. A device that is not there raises
+        ``ValueError``.
 
     The same model initialisation, arguments and seed give the same losses on the same
     machine and thread count. A non-finite loss raises ``ValueError``.
@@ -225,6 +281,7 @@ def train(model: nn.Module, loss_fn: Callable, batch_fn: Callable, steps: int, *
         raise ValueError("patience and keep_best need eval_fn (and eval_every)")
     if patience is not None and patience < 1:
         raise ValueError(f"patience must be >= 1, got {patience}")
+    device = _check_device(device)
     name = _check_schedule(schedule, steps)[0]
     rates = lr_schedule(schedule, lr, steps) if name != "one_cycle" else None
     callbacks = list(callbacks)
@@ -253,6 +310,8 @@ def train(model: nn.Module, loss_fn: Callable, batch_fn: Callable, steps: int, *
         return patience is not None and since_best >= patience
 
     with _settings(threads, deterministic):
+        if device is not None:
+            model.to(device)
         generator = torch.Generator().manual_seed(seed)
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
         one_cycle = None
@@ -273,6 +332,8 @@ def train(model: nn.Module, loss_fn: Callable, batch_fn: Callable, steps: int, *
             batch = batch_fn(generator)
             if not isinstance(batch, tuple):
                 batch = (batch,)
+            if device is not None:
+                batch = tuple(b.to(device) if isinstance(b, torch.Tensor) else b for b in batch)
             loss = loss_fn(model, *batch)
             if not torch.isfinite(loss):
                 raise ValueError(f"loss became {loss.item()} after {step - 1} steps; lower lr?")
