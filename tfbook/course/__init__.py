@@ -49,3 +49,13 @@ import it; its modules import each other in one direction only):
 """
 
 __all__ = ["wire", "sandbox", "driver", "judge", "release", "report", "policies", "grade", "demo"]
+
+# The grader needs the `course` extra (pyproject.toml); without it, say so instead of a bare
+# ModuleNotFoundError from deep inside a submodule. find_spec only looks; nothing is imported.
+import importlib.util as _util
+
+_MISSING = [m for m in ("nbformat", "nbclient", "nbconvert", "nbgrader") if _util.find_spec(m) is None]
+if _MISSING:
+    raise ImportError(f"tfbook.course needs the [course] extra, which is not installed "
+                      f"(missing: {', '.join(_MISSING)}); install it with "
+                      f"pip install \"tfbook[course]\" (or, in a clone, make venv)")
