@@ -144,12 +144,14 @@ def tiled_blocks(d, M):
     return B_r, B_c
 
 
-def tiled_attention_io(N, d, M, Q=None, K=None, V=None):
+def tiled_attention_io(N, d, M, Q=None, K=None, V=None, causal=False):
     """FlashAttention's forward loop (Dao et al. 2022, Algorithm 1) with a fast memory of M numbers.
 
     Outer loop over blocks of B_c keys and values (loaded once), inner loop over blocks of B_r
     queries: load Q_i and the running O_i, l_i, m_i, update them with the online softmax,
-    write them back. Returns ``(fast_memory, Z)``.
+    write them back. Returns ``(fast_memory, Z)``. With ``causal=True`` query ``i`` sees keys
+    ``j <= i``: a query block that lies entirely before a key block is skipped (never loaded),
+    and the diagonal tiles are masked.
     """
     compute = Q is not None
     fm = FastMemory(M)
@@ -159,13 +161,15 @@ def tiled_attention_io(N, d, M, Q=None, K=None, V=None):
     for j0 in range(0, N, B_c):
         bj = min(B_c, N - j0)
         fm.load(2 * bj * d)                                # K_j, V_j
-        for i0 in range(0, N, B_r):
+        for i0 in range((j0 // B_r) * B_r if causal else 0, N, B_r):   # causal: skip query blocks before j0
             bi = min(B_r, N - i0)
             fm.load(2 * bi * d + 2 * bi)                   # Q_i, O_i, l_i, m_i
             fm.alloc(bi * bj)                              # S_ij, then P_ij in place
             if compute:
                 sl = slice(i0, i0 + bi)
                 S = Q[sl] @ K[j0:j0 + bj].T / math.sqrt(d)
+                if causal:                                 # rows before j0 saw an earlier key block: m is finite
+                    S = np.where(np.arange(j0, j0 + bj)[None, :] > np.arange(i0, i0 + bi)[:, None], -np.inf, S)
                 m_new = np.maximum(m[sl], S.max(axis=1, keepdims=True))
                 E, alpha = np.exp(S - m_new), np.exp(m[sl] - m_new)
                 l_new = alpha * l[sl] + E.sum(axis=1, keepdims=True)
@@ -177,10 +181,14 @@ def tiled_attention_io(N, d, M, Q=None, K=None, V=None):
     return fm, (O if compute else None)
 
 
-def tiled_io_formula(N, d, M):
-    """Closed form of :func:`tiled_attention_io`'s count: 2 N d + ceil(N / B_c) N (3 d + 4)."""
+def tiled_io_formula(N, d, M, causal=False):
+    """Closed form of :func:`tiled_attention_io`'s count: 2 N d + ceil(N / B_c) N (3 d + 4); with
+    ``causal``, key block ``j`` (from ``j B_c``) meets only the ``N - B_r floor(j B_c / B_r)`` queries
+    from the block holding its first key: 2 N d + (3 d + 4) sum_j (N - B_r floor(j B_c / B_r))."""
     B_r, B_c = tiled_blocks(d, M)
     T_c = -(-N // B_c)
+    if causal:
+        return 2 * N * d + (3 * d + 4) * sum(N - B_r * ((j * B_c) // B_r) for j in range(T_c))
     return 2 * N * d + T_c * N * (2 * d + 2) + T_c * N * (d + 2)
 
 
