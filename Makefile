@@ -12,9 +12,22 @@ STAMP := $(VENV)/.installed
 
 .PHONY: venv book course-book mathjax chromium test test-profile-b clean release grade
 
-$(STAMP): requirements.txt pyproject.toml
+# The pinned requirements need Python >= 3.11 (checked first, with a hint). PyTorch's build:
+# tools/torch_choice.py prints the pip arguments of a step run before the requirements, from
+# TORCH_VARIANT=default|auto|cpu|cuda (default: nothing printed, nothing detected, torch comes
+# from the requirements like any package; auto: the CPU build unless `nvidia-smi -L` lists a GPU).
+TORCH_VARIANT ?= default
+PY_FLOOR_CHECK := -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'
+$(STAMP): requirements.txt pyproject.toml tools/torch_choice.py
+	@py="$(PYTHON)"; test -x $(BIN)/python && py=$(BIN)/python; \
+	test -n "$$py" && "$$py" $(PY_FLOOR_CHECK) || { \
+	  echo "error: tfbook needs Python >= 3.11 (its pinned requirements have no wheels for older ones);" \
+	       "'$${py:-python3}' is $$($${py:-python3} -V 2>&1 || echo missing)." \
+	       "Choose another, e.g. make venv PYTHON=python3.12 (delete .venv first if it was made with the old one)." >&2; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	torch_args="$$(TORCH_VARIANT=$(TORCH_VARIANT) $(BIN)/python tools/torch_choice.py)" && \
+	  { test -z "$$torch_args" || $(BIN)/python -m pip install --quiet $$torch_args; }
 	$(BIN)/python -m pip install --quiet -r requirements.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
