@@ -13,7 +13,7 @@ Variants:
 * ``auto``: ``cuda`` if an NVIDIA GPU is present (``nvidia-smi -L`` runs and lists one),
   else ``cpu``.
 * ``cpu``: on Linux, PyTorch's CPU build from PyTorch's CPU wheel index
-  (``--index-url https://download.pytorch.org/whl/cpu torch==<pinned version>``
+  (``--index-url https://download.pytorch.org/whl/cpu torch==<pinned version>``,
   no NVIDIA packages); on macOS and Windows PyPI's wheel already is the CPU build,
   so nothing is printed.
 * ``cuda``: on Linux, PyPI's wheel (the CUDA build): nothing is printed. Elsewhere there is
