@@ -193,25 +193,63 @@ MISTAKES["17_efficient_attention"] = {
 }
 
 
+_BUCKETS = """
+def bucketed_allreduce(rank_grads, cap_bytes):
+    buckets, current, size = [], [], 0
+    for i in ORDER:
+        if CLOSE_BEFORE and current and size + SIZE > cap_bytes:
+            buckets.append(current)
+            current, size = [], 0
+        current.append(i)
+        size += SIZE
+        if not CLOSE_BEFORE and size >= cap_bytes:
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    flat_sums = [REDUCE(np.concatenate([g[i].ravel() for i in INNER]) for g in rank_grads) for b in buckets]
+    return buckets, flat_sums
+"""
+
+
+def _buckets(**change):
+    """Exercise 18.1's answer, with the mistake put in by replacing one of its upper-case parts."""
+    return variant(_BUCKETS, dict(ORDER="reversed(range(len(rank_grads[0])))", CLOSE_BEFORE="False",
+                                  SIZE="rank_grads[0][i].nbytes", REDUCE="sum", INNER="b"), **change)
+
+
+_TOKEN_MEAN = """
+def token_mean(rank_losses, rank_grads, rank_masks):
+    counts = [COUNT for m in rank_masks]
+    N = TOTAL
+    loss = sum(n / N * float(l) for l, n in zip(rank_losses, counts) if n > 0)
+    grad = sum(n / N * np.asarray(g) for g, n in zip(rank_grads, counts) if n > 0)
+    return loss, grad
+"""
+
+
+def _token_mean(**change):
+    """Exercise 18.2's answer, with the mistake put in by replacing one of its upper-case parts."""
+    return variant(_TOKEN_MEAN, dict(COUNT="int(np.count_nonzero(m))", TOTAL="sum(counts)"), **change)
+
+
 MISTAKES["18_parallel_training"] = {
-    "ex18-1-combine-tests": {
-        "equal weights": (code("""
-            def combine_shard_gradients(grads, sizes):
-                return np.mean(grads, axis=0)
-        """), "averaged with equal weights"),
-        "weights not divided by N": (code("""
-            def combine_shard_gradients(grads, sizes):
-                return sum(n * np.asarray(g) for g, n in zip(grads, sizes))
-        """), "were not divided by N"),
-        "summed": (code("""
-            def combine_shard_gradients(grads, sizes):
-                return sum(np.asarray(g) for g in grads)
-        """), "the shard gradients were summed"),
-        "integer division": (code("""
-            def combine_shard_gradients(grads, sizes):
-                N = sum(sizes)
-                return sum(n // N * np.asarray(g) for g, n in zip(grads, sizes))
-        """), "n // N is integer division"),
+    "ex18-1-buckets-tests": {
+        "forward order": (_buckets(ORDER="range(len(rank_grads[0]))"), "the parameters were taken in forward order"),
+        "numbers, not bytes": (_buckets(SIZE="rank_grads[0][i].size"), "compared with a count of numbers"),
+        "closed before passing the cap": (_buckets(CLOSE_BEFORE="True"), "a bucket was closed before the tensor"),
+        "averaged over the ranks": (_buckets(REDUCE="(lambda xs: sum(xs) / len(rank_grads))"),
+                                    "the buffers were averaged over the ranks"),
+        "flattened in parameter order": (_buckets(INNER="sorted(b)"), "flattened in another order"),
+    },
+    "ex18-2-padded-tests": {
+        "rank means averaged": (code("""
+            def token_mean(rank_losses, rank_grads, rank_masks):
+                return float(np.mean(rank_losses)), np.mean(rank_grads, axis=0)
+        """), "the ranks' mean losses were averaged with equal weights"),
+        "padding counted": (_token_mean(COUNT="m.size"), "padding included"),
+        "sequences counted": (_token_mean(COUNT="m.shape[0]"), "weighted by their numbers of sequences"),
+        "not divided by N": (_token_mean(TOTAL="1"), "the weights N_r were not divided by N"),
     },
 }
 
