@@ -1,0 +1,52 @@
+"""Chapter 15's data-size experiment (tfbook.tasks.datasize): the shipped record and weights."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from tfbook.tasks import datasize as S
+from tfbook.tasks import digits as D
+
+
+def test_record_covers_the_grid_and_the_chapter_claims():
+    r = S.load_pretrained()
+    runs = r["runs"]
+    assert {(x["model"], x["n"], x["seed"]) for x in runs} == {
+        (m, n, s) for m in S.MODELS for n in r["sizes"] for s in S.SEEDS}
+    assert r["lr_cnn"] in S.CNN_LRS
+    best = max(r["search"], key=lambda x: x["val_correct"])
+    assert best["lr"] == r["lr_cnn"]                      # chosen on validation
+    acc = {(m, n): np.array([x["test_correct"] for x in runs if x["model"] == m and x["n"] == n])
+           for m in S.MODELS for n in r["sizes"]}
+    for n in r["sizes"]:
+        assert acc["cnn", n].min() > acc["vit", n].max()  # the chapter: CNN wins at every size
+    gaps = [acc["cnn", n].mean() - acc["vit", n].mean() for n in r["sizes"]]
+    assert gaps[0] > 2 * max(gaps[1:]) > 0
+
+
+@pytest.mark.parametrize("model", S.MODELS)
+def test_shipped_weights_give_the_recorded_counts(model):
+    net, rec = S.load_model(model)
+    splits = D.data()
+    m64 = copy.deepcopy(net).double()
+    assert round(D.accuracy(m64, *splits.test) * 450) == rec["test_correct"]
+
+
+def test_cnn_is_the_vits_size_and_checks_its_input():
+    n_cnn = sum(p.numel() for p in S.SmallCNN().parameters())
+    n_vit = sum(p.numel() for p in S._build("vit").parameters())
+    assert abs(n_cnn / n_vit - 1) < 0.02
+    with pytest.raises(ValueError, match="images"):
+        S.SmallCNN()(torch.zeros(2, 8, 8))
+    with pytest.raises(ValueError, match="model"):
+        S.config("mlp")
+    with pytest.raises(ValueError, match="n must be"):
+        S.subset(5, 0, torch.arange(100) % 10)
+
+
+def test_subset_is_stratified_and_seeded():
+    y = D.data().train[1]
+    a, b = S.subset(150, 0, y), S.subset(150, 1, y)
+    assert len(a) == 150 and np.bincount(np.asarray(y[a]), minlength=10).min() == 15
+    assert not torch.equal(a, b) and torch.equal(a, S.subset(150, 0, y))
