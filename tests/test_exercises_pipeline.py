@@ -250,7 +250,8 @@ def test_attacks_on_the_grading_leave_no_trace(graded):
     assert "javascript:" not in outside  # nowhere but in the escaped, untypeset excerpts
     # the phase attack: its page says what failed, never "All checks passed" for ex0-1
     phase = pages[graded["out"] / "feedback" / "atk_phase" / CHAPTER / f"{CHAPTER}.html"]
-    assert "What failed" in phase.split("ex0-1-softmax-tests")[1].split("<h2")[0]
+    section = phase.split("<h2 class='fail'>ex0-1-softmax-tests: 0 / 3</h2>")[1].split("<h2")[0]
+    assert "What failed: " in section and "All checks passed" not in section
 
 
 def test_hide_hidden_tests_scrubs_tracebacks():
