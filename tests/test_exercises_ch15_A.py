@@ -36,26 +36,33 @@ def _rollout(**change):
                                   PRODUCT="A @ R"), **change)
 
 
+_RESIZE = """
+def resize_positions(E, new_grid):
+    E = np.asarray(E, dtype=np.float64)
+    g = int(round(np.sqrt(E.shape[0] - 1)))
+    grid = torch.from_numpy(E[1:]).reshape(g, g, -1).permute(PERM)[None]
+    out = F.interpolate(grid, size=(new_grid, new_grid), mode="bilinear", align_corners=CORNERS)
+    patches = out[0].permute(1, 2, 0).reshape(new_grid * new_grid, -1).numpy()
+    return KEEP
+"""
+
+
+def _resize(**change):
+    """Exercise 15.1's answer, with the mistake put in by replacing one of its upper-case parts."""
+    return variant(_RESIZE, dict(PERM="2, 0, 1", CORNERS="False",
+                                 KEEP="np.concatenate([E[:1], patches], axis=0)"), **change)
+
+
 # {chapter: {test grade_id: {mistake: (wrong answer, words its visible failure must contain)}}}
 MISTAKES: dict[str, dict[str, dict[str, tuple[str, str]]]] = {}
 
 MISTAKES["15_vision_transformer"] = {
-    "ex15-1-embed-patches-tests": {
-        "kernel flattened channels last": (code("""
-            def embed_patches(images, kernel, bias):
-                D, C, p, _ = kernel.shape
-                return tnp.patchify(images, p) @ kernel.transpose(0, 2, 3, 1).reshape(D, -1).T + bias
-        """), "the kernel was flattened in the order (p, p, C)"),
-        "reshape for the transpose": (code("""
-            def embed_patches(images, kernel, bias):
-                D, C, p, _ = kernel.shape
-                return tnp.patchify(images, p) @ kernel.reshape(C * p * p, D) + bias
-        """), "is not the transpose"),
-        "bias forgotten": (code("""
-            def embed_patches(images, kernel, bias):
-                D, C, p, _ = kernel.shape
-                return tnp.patchify(images, p) @ kernel.reshape(D, -1).T
-        """), "the bias is missing"),
+    "ex15-1-resize-positions-tests": {
+        "class token's row dropped": (_resize(KEEP="patches"), "the class token's row comes first"),
+        "class token's row interpolated away": (_resize(KEEP="np.concatenate([np.zeros_like(E[:1]), patches], axis=0)"),
+                                                "kept as it is"),
+        "grid read column-major": (_resize(PERM="2, 1, 0"), "rows and columns swapped"),
+        "corners aligned": (_resize(CORNERS="True"), "half-pixel centres"),
     },
     "ex15-2-rollout-tests": {
         "layers in the wrong order": (_rollout(PRODUCT="R @ A"), "the layers are multiplied in the wrong order"),

@@ -1,10 +1,10 @@
 """Hidden cases of chapter 15 (see README.md in this folder)."""
 
 HIDDEN = {
-    "ex15-1-embed-patches-tests": {
-        "A": "several channels and a non-square image, more tokens than in the visible case",
-        "B": "a patch wider than 2 pixels on a non-square image",
-        "C": "patches of a single pixel (the embedding is a per-pixel linear map)",
+    "ex15-1-resize-positions-tests": {
+        "A": "a 4 x 4 grid enlarged to 7 x 7 (a factor that is not an integer), random table of width 5",
+        "B": "a 6 x 6 grid shrunk to 3 x 3",
+        "C": "the same grid size (the table must come back unchanged)",
     },
     "ex15-2-rollout-tests": {
         "D": "three layers, two batch axes, with the residual",

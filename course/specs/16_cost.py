@@ -17,6 +17,6 @@ HIDDEN = {
         "K": "the first whole length where attention costs more, found by counting (a costly softmax)",
         "L": "0.0 when the MLP is narrower than twice the width",
     },
-    "ex16-3-prediction-tests": {"M": "the predicted share"},
-    "ex16-4-prediction-tests": {"N": "the predicted size"},
+    "ex16-3-prediction-tests": {"M": "the predicted growth factor"},
+    "ex16-4-prediction-tests": {"N": "the predicted log10 of the budget"},
 }
