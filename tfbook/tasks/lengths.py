@@ -1,0 +1,139 @@
+"""Beyond the training length: the length test of chapter 7, four position schemes x 3 seeds.
+
+The task: "output the previous token" (random tokens from ``V = 10``), one attention layer whose
+values are the token embeddings and whose keys are strictly in the past, trained on sequences of
+``T_TRAIN = 16`` tokens and tested on 500 held-out sequences of ``T_TEST = 64``, in float64. Only
+the position scheme differs (``KINDS``):
+
+* ``"table"``: a learned absolute table with rows for 64 positions, added to the embeddings
+  (rows 16 to 63 never receive a gradient);
+* ``"sinusoidal"``: the fixed sinusoidal table of the 2017 paper, added to the embeddings;
+* ``"rope"``: rotary embeddings applied to the queries and keys (:func:`tfbook.torch.functional.rope`);
+* ``"alibi"``: no table; a bias ``-m (i - j)`` on the scores with one learned slope ``m > 0``.
+
+Chapter 7 trains seed 0 of ``table`` and ``alibi`` live (seconds each); the 12 runs take about a
+minute of CPU, so :func:`run` is shipped as a measured result (``lengths_results.json``: the
+accuracy at every test position 1..63 of every run)::
+
+    python -m tfbook.tasks.lengths            # or --out DIR
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..numpy.positions import sinusoidal_positional_encoding
+from ..torch.functional.positions import rope
+from ._common import cli, shipped, write_json
+
+__all__ = ["V", "D", "T_TRAIN", "T_TEST", "KINDS", "SEEDS", "RECIPE", "ARTIFACTS", "PrevToken",
+           "accuracy_by_position", "train", "run", "load_pretrained", "save", "main"]
+
+V, D, T_TRAIN, T_TEST = 10, 32, 16, 64
+KINDS = ("table", "sinusoidal", "rope", "alibi")
+SEEDS = (0, 1, 2)
+RECIPE = dict(steps=200, batch_size=64, lr=0.05, n_test=500, test_seed=2)
+ARTIFACTS = ("lengths_results.json",)
+
+
+class PrevToken(nn.Module):
+    """One attention layer, float64: ``ids (B, T) -> logits (B, T, V)``; ``kind`` in :data:`KINDS`."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        self.kind = kind
+        f64 = dict(dtype=torch.float64)
+        self.E = nn.Parameter(torch.randn(V, D, **f64) / D**0.5)
+        self.W_Q = nn.Parameter(torch.randn(D, D, **f64) / D**0.5)
+        self.W_K = nn.Parameter(torch.randn(D, D, **f64) / D**0.5)
+        self.W_O = nn.Parameter(torch.randn(D, V, **f64) / D**0.5)
+        if kind == "table":
+            self.table = nn.Parameter(torch.randn(T_TEST, D, **f64) / D**0.5)
+        elif kind == "sinusoidal":
+            self.register_buffer("table", torch.from_numpy(sinusoidal_positional_encoding(T_TEST, D)))
+        elif kind == "alibi":
+            self.m = nn.Parameter(torch.zeros((), **f64))  # slope = softplus(m) > 0
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        T_ = ids.shape[1]
+        e = self.E[ids]  # (B, T, D)
+        h = e + self.table[:T_] if self.kind in ("table", "sinusoidal") else e
+        Q, K = h @ self.W_Q, h @ self.W_K
+        if self.kind == "rope":
+            Q, K = rope(Q), rope(K)
+        S = Q @ K.transpose(-1, -2) / D**0.5  # (B, T, T)
+        i, j = torch.arange(T_)[:, None], torch.arange(T_)[None, :]
+        if self.kind == "alibi":
+            S = S - F.softplus(self.m) * (i - j)
+        S = S.masked_fill(~((j < i) | ((i == 0) & (j == 0))), -math.inf)  # strictly earlier keys
+        return torch.softmax(S, -1) @ e @ self.W_O
+
+
+def accuracy_by_position(model, ids) -> np.ndarray:
+    """``(T - 1,)``: accuracy at positions 1..T-1 (the target is the previous token)."""
+    with torch.no_grad():
+        return (model(ids).argmax(-1)[:, 1:] == ids[:, :-1]).double().mean(0).numpy()
+
+
+def test_ids() -> torch.Tensor:
+    return torch.randint(0, V, (RECIPE["n_test"], T_TEST), generator=torch.Generator().manual_seed(RECIPE["test_seed"]))
+
+
+def train(kind: str, seed: int = 0) -> PrevToken:
+    """Adam, 200 steps of 64 fresh sequences of 16 tokens (the chapter's live recipe; seed 0 is its run)."""
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(1 + 10 * seed)
+    model = PrevToken(kind)
+    opt = torch.optim.Adam(model.parameters(), lr=RECIPE["lr"])
+    with torch.enable_grad():
+        for _ in range(RECIPE["steps"]):
+            ids = torch.randint(0, V, (RECIPE["batch_size"], T_TRAIN), generator=g)
+            loss = F.cross_entropy(model(ids)[:, 1:].reshape(-1, V), ids[:, :-1].reshape(-1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return model.eval()
+
+
+def run(kinds=KINDS, seeds=SEEDS) -> dict:
+    """``result[kind]``: a list (one per seed) of accuracies at test positions 1..63."""
+    ids = test_ids()
+    result = {"recipe": RECIPE, "seeds": list(seeds)}
+    for kind in kinds:
+        result[kind] = [accuracy_by_position(train(kind, s), ids).tolist() for s in seeds]
+    return result
+
+
+def load_pretrained(folder=None) -> dict:
+    """The shipped result of :func:`run`."""
+    path = shipped(ARTIFACTS[0]) if folder is None else Path(folder) / ARTIFACTS[0]
+    return json.loads(path.read_text())
+
+
+def save(result: dict, folder) -> list:
+    return [write_json(Path(folder) / ARTIFACTS[0], result)]
+
+
+def main(argv=None) -> None:  # pragma: no cover - writes the shipped artifacts
+    def go(out, args):
+        torch.set_num_threads(1)
+        result = run()
+        for k in KINDS:
+            print(k, [(round(float(np.mean(a[:T_TRAIN - 1])), 3), round(float(np.mean(a[T_TRAIN - 1:])), 3))
+                      for a in result[k]])
+        print(save(result, out))
+
+    cli(__doc__, go, argv=argv)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
