@@ -236,7 +236,21 @@ _COUNT = """
     """
 _count = dict(cast="int", pre="pass", ab="4 * D", mb="D_ff + D", norms="4 * D", L="L", final="final_norm")
 
+_POOL = """
+    def masked_mean_pool(X, valid):
+        w = np.asarray(valid, dtype=float)[..., None]
+        {body}
+    """
+
 MUTANTS["09_encoder"] = {
+    "ex9-3-masked-mean-tests": [
+        ("padding averaged in", _POOL.format(body="return np.asarray(X).mean(axis=-2)"),
+         "padded positions were averaged in"),
+        ("divided by T", _POOL.format(body="return (np.asarray(X) * w).sum(axis=-2) / np.asarray(X).shape[-2]"),
+         "you divided by T"),
+        ("mask inverted", _POOL.format(body="w = 1.0 - w\n        return (np.asarray(X) * w).sum(axis=-2) / w.sum(axis=-2)"),
+         "your mask is inverted"),
+    ],
     "ex9-1-block-tests": [
         ("placements swapped", _BLOCK.format(pre="norm_first = not norm_first", heads="num_heads",
                                              n1="norm1", n2="norm2"), "you built the other placement"),

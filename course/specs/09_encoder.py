@@ -9,6 +9,6 @@ HIDDEN = {
         "B": "a deeper stack with a final LayerNorm",
         "C": "a single block of another width",
     },
-    "ex9-3-prediction-tests": {"D": "the predicted difference"},
+    "ex9-3-masked-mean-tests": {"D": "a longer sequence beside one with a single real token"},
     "ex9-4-mqa-count-tests": {"E": "the predicted parameter count"},
 }
