@@ -15,17 +15,22 @@ notebook
 * has an ``execute_result`` whose count differs from its cell's count;
 * has a control character in a cell's source (a backslash eaten by a Python string when
   the cell was written: ``"\\binom"`` typed as ``"\binom"`` becomes a backspace and
-  ``inom``, which MathJax then shows as "Math input error").
+  ``inom``, which MathJax then shows as "Math input error");
+* glues a key twice (``tfbook.glue`` in a loop: the text would show whichever came last,
+  and myst-nb warns), or writes ``{glue:text}`` with a key that no cell of the notebook glues
+  (the strict build would fail on it later, with less context).
 """
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
 import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
+GLUE_ROLE = re.compile(r"\{glue(?::\w+)?\}`([^`:]+)")
 
 
 def problems(path: Path) -> list[str]:
@@ -53,6 +58,21 @@ def problems(path: Path) -> list[str]:
                 found.append(f"{where}: error output {output.get('ename')}: {output.get('evalue')}")
             elif output.get("output_type") == "execute_result" and output.get("execution_count") != count:
                 found.append(f"{where}: execute_result count {output.get('execution_count')} != cell count {count}")
+    glued: dict[str, int] = {}
+    for index, cell in enumerate(nb.cells):
+        for output in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            key = (output.get("metadata", {}).get("scrapbook") or {}).get("name")
+            if key is None:
+                continue
+            if key in glued:
+                found.append(f"{path.name}: cell {index}: glue key {key!r} stored again "
+                             f"(first in cell {glued[key]}); glue it once")
+            glued.setdefault(key, index)
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown":
+            for key in GLUE_ROLE.findall(cell.source):
+                if key.strip() not in glued:
+                    found.append(f"{path.name}: cell {index}: {{glue}} key {key.strip()!r} is stored by no cell")
     return found
 
 
