@@ -12,5 +12,5 @@ HIDDEN = {
         "F": "a rotation must keep every vector's length",
     },
     "ex7-3-neighbour-distance-tests": {"G": "the predicted squared distance"},
-    "ex7-4-prediction-tests": {"H": "the predicted factor"},
+    "ex7-4-alibi-weight-tests": {"H": "the predicted weight"},
 }
