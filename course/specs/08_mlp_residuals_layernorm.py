@@ -12,5 +12,5 @@ HIDDEN = {
         "F": "a gradient along the all-ones direction is invisible to LayerNorm: dX must be 0",
     },
     "ex8-3-one-hot-ln-tests": {"G": "the predicted first entry"},
-    "ex8-4-prediction-tests": {"H": "the two predicted ranks"},
+    "ex8-4-half-peak-tests": {"H": "the two predicted steps"},
 }
