@@ -25,9 +25,15 @@ Every module exposes the same verbs:
 
 Beside them, modules that train the models of other chapters (``retrieval``: chapters 4, 5
 and 9; ``prose``: chapter 13; ``modern``: chapter 14) and two experiments that train many small
-models and ship their measured results rather than weights: ``ablation`` (chapter 10: warm-up,
-clipping and weight decay, each removed in turn) and ``dynamics`` (chapters 3 and 8: the score
-scale, Post-LN against Pre-LN with and without warm-up, rank collapse). An experiment's verbs
+models and ship their measured results (and at most a few small weights): ``ablation``
+(chapter 10: warm-up, clipping and weight decay, each removed in turn), ``dynamics`` (chapters 3
+and 8: the score scale, Post-LN against Pre-LN with and without warm-up, rank collapse),
+``lookups`` (chapter 5: one, two and four heads at equal width), ``lengths`` (chapter 7: four
+position schemes trained on length 16, tested on 64), ``duplicates`` (chapters 6 and 9: a
+classification encoder, class token against mean pooling, with and without positions),
+``datasize`` (chapter 15: a small CNN against the ViT on 150, 400 and all training images) and
+``recall`` (chapter 17: softmax, sliding-window and linear attention on associative recall, the
+learning rate chosen per model on validation). An experiment's verbs
 are ``RECIPE``, ``ARTIFACTS``, ``train(...)`` (one run, or the whole experiment),
 ``load_pretrained()`` (the shipped result), ``save(result, folder)`` and ``main()``
 (``python -m tfbook.tasks.NAME [--out DIR]``), plus ``data()`` and ``config()`` where one
