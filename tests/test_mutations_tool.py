@@ -66,6 +66,15 @@ def test_uncovered_and_illustration_ticks(report):
     assert [c["cell"] for c in report["illustration_ticks"]] == [4]
 
 
+def test_importing_the_runner_leaves_the_environment_alone():
+    import importlib
+    import os
+
+    before = dict(os.environ)
+    importlib.reload(mutations)
+    assert dict(os.environ) == before  # nbval kernels started later in this worker inherit it
+
+
 def test_mutation_validation():
     with pytest.raises(ValueError, match="neither"):
         mutations.mutated_source("a", {"fails_if": "x"})

@@ -44,10 +44,6 @@ import sys
 import time
 from pathlib import Path
 
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, "1")  # forked children and thread pools do not mix
-os.environ.setdefault("MPLBACKEND", "Agg")
-
 import nbformat  # noqa: E402
 
 TICK = "✔"
@@ -239,7 +235,19 @@ def summary(report: dict) -> str:
             f"mutations ({report['seconds']} s)" + (f"; ERROR {report['error']}" if report["error"] else ""))
 
 
+def _quiet_environment() -> None:
+    """One thread per pool (forked children and thread pools do not mix) and no GUI backend.
+
+    Set by the command line only, never on import: ``tests/test_mutations_tool.py`` imports this
+    module into a pytest worker whose later nbval kernels inherit ``os.environ`` (a kernel started
+    with ``MPLBACKEND=Agg`` shows no figure, and every figure cell would differ)."""
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
+    os.environ.setdefault("MPLBACKEND", "Agg")
+
+
 def main(argv: list[str] | None = None) -> int:
+    _quiet_environment()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="+", type=Path)
     parser.add_argument("--json", type=Path, help="write the full report here")
