@@ -38,6 +38,9 @@ CELLS = [
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    InteractiveShell.instance().user_ns["ok"] = True  # left by an earlier user of the singleton shell
     nb = nbformat.v4.new_notebook()
     for source, meta in CELLS:
         cell = nbformat.v4.new_code_cell(source)

@@ -173,6 +173,7 @@ def run_notebook(path: Path, timeout: float = 300.0, log=_log, verbose: bool = F
     os.chdir(path.parent)
     sys.path.insert(0, str(path.parent))
     shell = InteractiveShell.instance()
+    shell.reset(new_session=False)  # a fresh namespace, as a fresh kernel has (the shell is a singleton)
     # multiprocessing's spawn start method reads __main__.__spec__; IPython's module lacks it.
     if not hasattr(shell.user_module, "__spec__"):
         shell.user_module.__spec__ = None
