@@ -51,8 +51,10 @@ def test_attacks_succeed_without_the_sandbox(tmp_path):
     before = victim.read_bytes()
     marker_checkout = ROOT / "_build" / f"tfbook-attack-{tag}.txt"
     try:
-        rows = course_grade.grade(subs, out=out, timeout=20, total_timeout=120, verbose=False,
-                            use_sandbox=False, jobs=2,
+        # one job at a time: with two, a grader exception (not the student's) hit a row once in
+        # a loaded full run and never alone; issue 28's note tracks it
+        rows = course_grade.grade(subs, out=out, timeout=60, total_timeout=300, verbose=False,
+                            use_sandbox=False, jobs=1,
                             limits=course_sandbox.Limits(memory_bytes=None))
         got = {r.student: r for r in rows}
         for name, score in course_demo.UNSANDBOXED.items():
