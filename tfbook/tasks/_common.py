@@ -38,8 +38,11 @@ def pick(splits: Splits, split) -> Any:
     return split
 
 
-def shipped(name: str):
-    """A file shipped in ``tfbook/weights/`` (a ``Traversable``; works from a wheel too)."""
+def shipped(name: str, folder=None):
+    """A file shipped in ``tfbook/weights/`` (a ``Traversable``; works from a wheel too), or the
+    file of that name in ``folder`` when one is given (a retrained copy, ``--out DIR``)."""
+    if folder is not None:
+        return Path(folder) / name
     return resources.files("tfbook") / "weights" / name
 
 

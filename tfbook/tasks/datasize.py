@@ -199,7 +199,7 @@ def save(result: dict, folder) -> list:
 def load_pretrained(folder=None) -> dict:
     """The shipped result: ``runs`` (one dict per model, size and seed: validation and test
     counts), the CNN's learning-rate ``search`` and the ``lr_cnn`` it chose."""
-    path = shipped(RESULT_FILE) if folder is None else Path(folder) / RESULT_FILE
+    path = shipped(RESULT_FILE, folder)
     return json.loads(Path(str(path)).read_text()) if folder is not None else json.loads(path.read_text())
 
 
@@ -208,7 +208,7 @@ def load_model(model: str, folder=None):
     and the run record written beside them."""
     config(model)
     name = f"datasize_{model}_150_seed0.pt"
-    blob = load_blob(shipped(name) if folder is None else Path(folder) / name)
+    blob = load_blob(shipped(name, folder))
     return load_state(_build(model), blob["state_dict"]), blob["run"]
 
 

@@ -206,7 +206,7 @@ def load_pretrained(variant: str = "cls-1d", seed: int = 0, folder=None) -> tupl
     training history; ``folder``: read a regenerated file from there instead."""
     if seed not in SEEDS:
         raise ValueError(f"seed must be one of {SEEDS}, got {seed!r}")
-    path = shipped(_file(variant, seed)) if folder is None else Path(folder) / _file(variant, seed)
+    path = shipped(_file(variant, seed), folder)
     if not path.is_file():
         raise ValueError(f"no weights for {variant!r} seed {seed} at {path}; run `python -m tfbook.tasks.digits`")
     blob = load_blob(path)

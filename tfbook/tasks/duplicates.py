@@ -231,14 +231,14 @@ def load_pretrained(variant: str = "cls", folder=None) -> tuple[PoolingEncoder, 
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {tuple(VARIANTS)}, got {variant!r}")
     name = f"duplicates_{variant}.pt"
-    blob = load_blob(shipped(name) if folder is None else Path(folder) / name)
+    blob = load_blob(shipped(name, folder))
     model = load_state(PoolingEncoder(PoolingConfig(**blob["config"])), blob["state_dict"])
     return model, History.from_dict(blob["history"])
 
 
 def load_results(folder=None) -> dict:
     """The shipped result of :func:`run` (``duplicates_results.json``)."""
-    path = shipped(ARTIFACTS[0]) if folder is None else Path(folder) / ARTIFACTS[0]
+    path = shipped(ARTIFACTS[0], folder)
     return json.loads(path.read_text())
 
 

@@ -115,7 +115,7 @@ def run(kinds=KINDS, seeds=SEEDS) -> dict:
 
 def load_pretrained(folder=None) -> dict:
     """The shipped result of :func:`run`."""
-    path = shipped(ARTIFACTS[0]) if folder is None else Path(folder) / ARTIFACTS[0]
+    path = shipped(ARTIFACTS[0], folder)
     return json.loads(path.read_text())
 
 

@@ -208,13 +208,13 @@ def load_pretrained(num_heads: int = 1, folder=None) -> tuple[LookupEncoder, His
     if num_heads not in HEADS:
         raise ValueError(f"num_heads must be one of {HEADS}, got {num_heads!r}")
     name = f"lookups_four_h{num_heads}.pt"
-    blob = load_blob(shipped(name) if folder is None else Path(folder) / name)
+    blob = load_blob(shipped(name, folder))
     model = load_state(LookupEncoder(LookupConfig(**blob["config"])), blob["state_dict"])
     return model, History.from_dict(blob["history"])
 
 
 def load_results(folder=None) -> dict:
-    path = shipped(ARTIFACTS[0]) if folder is None else Path(folder) / ARTIFACTS[0]
+    path = shipped(ARTIFACTS[0], folder)
     return json.loads(path.read_text())
 
 

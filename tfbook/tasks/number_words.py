@@ -175,7 +175,7 @@ def load_pretrained(folder=None, seed: int = 0) -> tuple[EncoderDecoder, History
     from there instead (e.g. a regenerated set)."""
     if seed not in SEEDS:
         raise ValueError(f"seed must be one of {SEEDS}, got {seed!r}")
-    paths = [shipped(n) if folder is None else Path(folder) / n for n in ARTIFACTS]
+    paths = [shipped(n, folder) for n in ARTIFACTS]
     model = make_model(0)
     if seed == 0:
         with paths[0].open("rb") as f:

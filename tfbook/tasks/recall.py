@@ -135,7 +135,7 @@ def save(result: dict, folder) -> list:
 
 def load_pretrained(folder=None) -> dict:
     """The shipped result (``runs``, ``chosen_lr``)."""
-    path = shipped(RESULT_FILE) if folder is None else Path(folder) / RESULT_FILE
+    path = shipped(RESULT_FILE, folder)
     return json.loads(path.read_text())
 
 

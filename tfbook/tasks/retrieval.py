@@ -212,7 +212,7 @@ def train(variant: str = "h2", steps: int | None = None, seed: int | None = None
 
 def load_pretrained(variant: str = "h2", folder=None) -> tuple[RetrievalEncoder, History]:
     """The shipped model of ``variant`` (float32 from float16 weights, eval mode) and its history."""
-    path = shipped(_FILE[variant]) if folder is None else Path(folder) / _FILE[variant]
+    path = shipped(_FILE[variant], folder)
     blob = load_blob(path)
     model = load_state(RetrievalEncoder(RetrievalConfig(**blob["config"])), blob["state_dict"])
     return model, History.from_dict(blob["history"])
