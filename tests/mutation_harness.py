@@ -10,9 +10,7 @@ What a chapter's test asserts:
 * every mutation is *caught* (none missed, none malformed, none timed out);
 * the chapter ran to the end;
 * no illustration cell prints a ``✔``;
-* no more asserting cells without mutations than ``tests/mutation_debt.json`` allows for that
-  chapter (the debt only goes down: a test also fails when a chapter has fewer uncovered cells
-  than its allowance, so the file is lowered with the work).
+* no asserting cell without mutations (or an ``illustration`` reason).
 """
 
 from __future__ import annotations
@@ -27,7 +25,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
-DEBT = json.loads((ROOT / "tests" / "mutation_debt.json").read_text())
 
 
 def chapter_path(prefix: str) -> Path:
@@ -48,7 +45,7 @@ def run_report(path: Path, tmp_path: Path) -> dict:
     return report
 
 
-def check_report(report: dict, allowance: int) -> None:
+def check_report(report: dict) -> None:
     name = report["notebook"]
     assert report["error"] is None, f"{name} did not run to the end: {report['error']}"
     wrong = [m for m in report["mutations"] if m["status"] != "caught"]
@@ -57,12 +54,8 @@ def check_report(report: dict, allowance: int) -> None:
         f"[{m.get('raised', '')}: {m.get('message', '')}]" for m in wrong)
     assert not report["illustration_ticks"], f"{name}: illustration cells print a ✔: {report['illustration_ticks']}"
     uncovered = report["uncovered"]
-    assert len(uncovered) <= allowance, (
-        f"{name}: {len(uncovered)} asserting cells name no mutation (allowed {allowance}):\n"
-        + "\n".join(f"  cell {c['cell']}: {c['first_line']}" for c in uncovered))
-    assert len(uncovered) == allowance, (
-        f"{name}: {len(uncovered)} uncovered cells, fewer than the {allowance} that "
-        f"tests/mutation_debt.json allows: lower it to {len(uncovered)}")
+    assert not uncovered, f"{name}: {len(uncovered)} asserting cells name no mutation:\n" + "\n".join(
+        f"  cell {c['cell']}: {c['first_line']}" for c in uncovered)
 
 
 def make_test(prefixes: list[str]):
@@ -72,6 +65,6 @@ def make_test(prefixes: list[str]):
     def test_every_check_is_shown_to_fail(prefix, tmp_path):
         path = chapter_path(prefix)
         report = run_report(path, tmp_path)
-        check_report(report, DEBT.get(path.name, 0))
+        check_report(report)
 
     return test_every_check_is_shown_to_fail
