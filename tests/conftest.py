@@ -15,6 +15,11 @@ import numpy as np
 import pytest
 import torch
 
+# Peer implementations (Hugging Face transformers) are built from configs with random weights:
+# nothing may be fetched, and an attempt fails at once instead of retrying.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
 _mps = getattr(torch.backends, "mps", None)
 _HAS_MPS = _mps is not None and _mps.is_available()
 
