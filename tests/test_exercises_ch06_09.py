@@ -18,45 +18,28 @@ from exercise_harness import exercise_tests, variant
 MUTANTS: dict[str, dict[str, list[tuple[str, str, str]]]] = {}
 
 MUTANTS["06_permutation_equivariance"] = {
-    "ex6-1-graph-attention-tests": [
-        ("A transposed", """
-            def graph_attention(X, A, W_Q, W_K, W_V):
-                Q, K, V = X @ W_Q, X @ W_K, X @ W_V
-                S = np.where(A.T, Q @ K.T / np.sqrt(Q.shape[-1]), -np.inf)
-                m = S.max(axis=-1, keepdims=True)
-                E = np.where(A.T, np.exp(S - np.where(np.isfinite(m), m, 0.0)), 0.0)
-                s = E.sum(axis=-1, keepdims=True)
-                return np.divide(E, s, out=np.zeros_like(E), where=s > 0) @ V
-            """, "A used transposed"),
-        ("mask after softmax", """
-            def graph_attention(X, A, W_Q, W_K, W_V):
-                Q, K, V = X @ W_Q, X @ W_K, X @ W_V
-                S = Q @ K.T / np.sqrt(Q.shape[-1])
-                E = np.exp(S - S.max(axis=-1, keepdims=True))
-                return (E / E.sum(axis=-1, keepdims=True) * A) @ V
-            """, "zeroed after the softmax"),
-        ("no 1/sqrt(D_K)", """
-            def graph_attention(X, A, W_Q, W_K, W_V):
-                Q, K, V = X @ W_Q, X @ W_K, X @ W_V
-                S = np.where(A, Q @ K.T, -np.inf)
-                m = S.max(axis=-1, keepdims=True)
-                E = np.where(A, np.exp(S - np.where(np.isfinite(m), m, 0.0)), 0.0)
-                s = E.sum(axis=-1, keepdims=True)
-                return np.divide(E, s, out=np.zeros_like(E), where=s > 0) @ V
-            """, "not divided by sqrt(D_K)"),
-        ("NaN for a node without senders", """
-            def graph_attention(X, A, W_Q, W_K, W_V):
-                Q, K, V = X @ W_Q, X @ W_K, X @ W_V
-                S = np.where(A, Q @ K.T / np.sqrt(Q.shape[-1]), -np.inf)
-                E = np.exp(S - S.max(axis=-1, keepdims=True))
-                return E / E.sum(axis=-1, keepdims=True) @ V
-            """, "a softmax over no scores is 0/0"),
+    "ex6-1-multiset-attention-tests": [
+        ("counted once", """
+            def attention_with_counts(Q, K, V, counts):
+                return tnp.scaled_dot_product_attention(Q, K, V)[0]
+            """, "every distinct token was counted once"),
+        ("counts after the softmax", """
+            def attention_with_counts(Q, K, V, counts):
+                P = tnp.softmax(Q @ K.T / np.sqrt(Q.shape[-1]))
+                return (P * np.asarray(counts)) @ V
+            """, "multiplied by the counts after the softmax"),
+        ("counts times the scores", """
+            def attention_with_counts(Q, K, V, counts):
+                return tnp.softmax(np.asarray(counts) * (Q @ K.T) / np.sqrt(Q.shape[-1])) @ V
+            """, "the counts multiplied the scores"),
+        ("counts times the values", """
+            def attention_with_counts(Q, K, V, counts):
+                return tnp.scaled_dot_product_attention(Q, K, np.asarray(counts)[:, None] * V)[0]
+            """, "or the values by their counts"),
         ("overflow: no max subtracted", """
-            def graph_attention(X, A, W_Q, W_K, W_V):
-                Q, K, V = X @ W_Q, X @ W_K, X @ W_V
-                E = np.where(A, np.exp(Q @ K.T / np.sqrt(Q.shape[-1])), 0.0)
-                s = E.sum(axis=-1, keepdims=True)
-                return np.divide(E, s, out=np.zeros_like(E), where=s > 0) @ V
+            def attention_with_counts(Q, K, V, counts):
+                E = np.asarray(counts) * np.exp(Q @ K.T / np.sqrt(Q.shape[-1]))
+                return E / E.sum(axis=-1, keepdims=True) @ V
             """, "exp overflowed"),
     ],
     "ex6-4-equivariance-error-tests": [

@@ -1,11 +1,11 @@
 """Hidden cases of chapter 6 (see README.md in this folder)."""
 
 HIDDEN = {
-    "ex6-1-graph-attention-tests": {
-        "A": "a node with no senders must get a row of zeros (not NaN)",
-        "B": "a random directed graph: each node averages over its own senders only",
-        "C": "relabelling the nodes (permuting X and both axes of A) must permute the output rows",
-        "D": "overflow at large scores on a complete graph: subtract the largest score before exp",
+    "ex6-1-multiset-attention-tests": {
+        "A": "a count of 0: the token is absent",
+        "B": "multiplying every count by the same factor changes nothing",
+        "C": "overflow at large scores: subtract each row's largest score before exp",
+        "D": "more queries, keys and counts, and wider keys",
     },
     "ex6-2-prediction-tests": {"E": "the predicted set of unchanged rows"},
     "ex6-3-symmetry-counts-tests": {"F": "the three predicted counts"},
