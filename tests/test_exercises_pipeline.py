@@ -67,6 +67,22 @@ def test_release_has_stubs_and_no_secrets(released):
         assert course_release.max_score(student) == course_release.max_score(master) > 0
 
 
+def test_generated_notebooks_have_unique_cell_ids(released, tmp_path):
+    """The class's duplicated cells are copies as JupyterLab pastes them: the grade id kept, a
+    cell id of their own (a copied id made nbformat warn DuplicateCellId and rewrite it)."""
+    import json
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # DuplicateCellId would fail here
+        course_demo.make_class(tmp_path / "subs", released, tmp_path / "out", "ids", 9, names=["dup_cells"])
+    nb = json.loads((tmp_path / "subs" / "dup_cells" / CHAPTER / f"{CHAPTER}.ipynb").read_text(encoding="utf-8"))
+    ids = [c["id"] for c in nb["cells"]]
+    assert len(set(ids)) == len(ids)
+    gids = [c["metadata"].get("nbgrader", {}).get("grade_id") for c in nb["cells"]]
+    assert gids.count("ex0-1-softmax-tests") == 2 and gids.count("ex0-3-scores") == 2  # still duplicates
+
+
 def test_release_strips_test_markers():
     master = nbformat.read(str(MASTER), as_version=4)
     assert "NBVAL_IGNORE_OUTPUT" in course_release.notebook_text(master)  # the check can fail

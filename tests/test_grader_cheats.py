@@ -114,15 +114,37 @@ def test_hidden_diagnosis_names_a_property_only():
 
 
 def test_a_dead_judge_costs_one_row_not_the_batch():
+    """A judge that one submission's data kills costs that row only: a fresh judge serves the
+    next. Two jobs share a chapter's judge: when one job's evaluation restarts it, the other
+    job, already waiting to evaluate, must read the new judge's "ready" message before its own
+    answer (issue 28: it once took "ready" for its verdict, a grader error on an honest row).
+    A judge that is slow only because the machine is busy (no CPU burnt) is not killed."""
+    import threading
+
     judge = course_grade.JudgeProxy(MASTER, course_judge.SPECS)
+    values = {"ex0-4-prediction-tests": {"prediction": (True, 1 / 3)}}
+    got = {}
     try:
         assert "failed" not in judge.ready()
-        values = {"ex0-4-prediction-tests": {"prediction": (True, 1 / 3)}}
-        assert judge.evaluate(values, {})["ex0-4-prediction-tests"]["passed"]
+        judge.lock.acquire()  # job A is evaluating
+        waiting = threading.Thread(target=lambda: got.update(v=judge.evaluate(values, {}, timeout=60)))
+        waiting.start()  # job B waits for the judge
+        time.sleep(0.5)
+        judge.restart()  # job A's data killed it: a fresh judge, still recording its cases
+        judge.lock.release()
+        waiting.join(120)
+        assert got["v"]["ex0-4-prediction-tests"]["passed"]
         judge.proc.kill()  # as if one submission's data had crashed it
         judge.proc.wait()
         with pytest.raises(RuntimeError):
             judge.evaluate(values, {})
         assert judge.evaluate(values, {})["ex0-4-prediction-tests"]["passed"]  # a fresh judge
+        # a judge stopped (SIGSTOP: no CPU used) for 3 s with a 1 s limit is waited for
+        import signal
+
+        os_kill = __import__("os").kill
+        os_kill(judge.proc.pid, signal.SIGSTOP)
+        threading.Timer(3.0, lambda: os_kill(judge.proc.pid, signal.SIGCONT)).start()
+        assert judge.evaluate(values, {}, timeout=1)["ex0-4-prediction-tests"]["passed"]
     finally:
         judge.close()

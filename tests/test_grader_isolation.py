@@ -51,11 +51,11 @@ def test_attacks_succeed_without_the_sandbox(tmp_path):
     before = victim.read_bytes()
     marker_checkout = ROOT / "_build" / f"tfbook-attack-{tag}.txt"
     try:
-        # one job at a time: with two, a grader exception (not the student's) hit a row once in
-        # a loaded full run and never alone; issue 28's note tracks it
-        rows = course_grade.grade(subs, out=out, timeout=60, total_timeout=300, verbose=False,
-                            use_sandbox=False, jobs=1,
-                            limits=course_sandbox.Limits(memory_bytes=None))
+        # two jobs, as `make grade` runs: they share the chapter's judge (issue 28: a judge
+        # restarted under one job's evaluation once fed its "ready" to the other's)
+        rows = course_grade.grade(subs, out=out, timeout=30, total_timeout=180, verbose=False,
+                                  use_sandbox=False, jobs=2,
+                                  limits=course_sandbox.Limits(memory_bytes=None))
         got = {r.student: r for r in rows}
         for name, score in course_demo.UNSANDBOXED.items():
             assert got[name].score == score, (name, got[name].reason)
@@ -179,6 +179,47 @@ def test_policy_finds_a_reference_function_however_imported():
     honest = "def softmax(x, axis=-1):\n    e = np.exp(x - x.max(axis, keepdims=True))\n    return e / e.sum(axis, keepdims=True)"
     assert not student(honest)
     assert not student(honest, ["print(abs(softmax(1.0 * np.arange(3)) - tnp.softmax(1.0 * np.arange(3))).max())"])
+    # the same objects by their topic modules' paths, and any alias that reaches them
+    assert student("from tfbook.numpy.attention import softmax")
+    assert student("import tfbook.numpy.attention as A\ndef softmax(x, axis=-1):\n    return A.softmax(x, axis)")
+    assert student("import tfbook\ndef softmax(x, axis=-1):\n    return tfbook.numpy.attention.softmax(x, axis)")
+    assert student("from tfbook.torch.functional import attention as FA\n"
+                   "def softmax(x, axis=-1):\n    return FA.softmax(torch.as_tensor(x), axis).numpy()")
+    assert student("from torch.nn import functional as F\n"
+                   "def softmax(x, axis=-1):\n    return F.log_softmax(torch.as_tensor(x), axis).exp().numpy()")
+    # a module's other functions are allowed: the check can pass
+    assert not student("from tfbook.numpy.attention import causal_mask\n" + honest)
+    assert not student("import tfbook.numpy.attention as A\n" + honest)
+
+
+def test_policy_matches_objects_not_spellings(tmp_path):
+    """A policy that names one path (tfbook.numpy.softmax) forbids the object, so every other
+    path to it is caught; a name the grader has not imported is never imported because a
+    student wrote it."""
+    import sys
+
+    from tfbook.course import judge, policies
+
+    rules_file = tmp_path / "policies.py"
+    rules_file.write_text('FORBIDDEN = {"ex0-1-softmax-tests": {"calls": ["tfbook.numpy.softmax"], "points": 1,'
+                          ' "reason": "uses the reference softmax"}}\n', encoding="utf-8")
+    rules = policies.load(rules_file)
+    plan = judge.plan(nbformat.read(str(MASTER), as_version=4), CH0)
+
+    def student(answer):
+        nb = nbformat.v4.new_notebook()
+        cell = nbformat.v4.new_code_cell(answer)
+        cell.metadata["nbgrader"] = {"grade_id": "ex0-1-softmax", "solution": True}
+        nb.cells.append(cell)
+        return policies.violations(plan, nb, plan.sources, rules)
+
+    assert student("from tfbook.numpy.attention import softmax")["ex0-1-softmax-tests"]["points"] == 1
+    assert student("import tfbook.numpy.attention as A\nsoftmax = A.softmax")
+    assert not student("from tfbook.torch.functional.attention import softmax")  # another object: not named
+    assert not student("from tfbook.numpy.attention import log_softmax as softmax")
+    assert "antigravity" not in sys.modules
+    assert not student("import antigravity.softmax as softmax")  # unresolvable: by spelling only
+    assert "antigravity" not in sys.modules  # and never imported by the grader
 
 
 def test_each_sandbox_has_its_own_user_and_budget():

@@ -12,14 +12,34 @@ from tfbook.course import grade, release, sandbox
 
 ROOT = release.ROOT
 
+CHECK_HELP = """\
+Run your notebook from the top, as the grader will, and print for each exercise:
+
+  Exercise 0.1: not answered yet (0/3 points)     the answer cell still raises NotImplementedError
+  Exercise 0.2: 1/1 points                        the visible checks passed, with their ✔ lines
+  Exercise 0.3: 0/2 points                        a check failed; the ✘ line names the likely mistake
+      ✘ scores: ...
+  Total: 1/7 points from the visible checks
+
+The notebook runs here, with your rights (it is your own code), in a fresh Python process: the
+file on disk is what runs, so save it first. Only the visible tests run: the grader also runs
+hidden tests, so the total is the most you can score. Exit status: 0 when every exercise passed
+its visible checks, 1 otherwise, 2 when the notebook could not be checked."""
+
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tfbook.course", description=course_doc.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tfbook.course", description=course_doc.split("\n\n")[0],
+        epilog="Students: `python -m tfbook.course check NOTEBOOK` (see `check --help`).",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p_rel = sub.add_parser("release", help="build student notebooks from the chapter notebooks")
     p_rel.add_argument("notebooks", nargs="*", type=Path,
                        help="chapter notebooks (default: every notebooks/*.ipynb with graded cells)")
     p_rel.add_argument("--out", type=Path, default=ROOT / "_build" / "release")
+    p_rel.add_argument("--install", default=None, metavar="REQUIREMENT",
+                       help="what the notebooks' Colab cell pip-installs (default: the package, with its "
+                            "book and course extras, from where the chapter's own Colab cell gets it)")
     p_gr = sub.add_parser("grade", help="autograde a folder of submissions, each in a sandbox")
     p_gr.add_argument("submissions", type=Path,
                       help="folder laid out as <student>/<assignment>/<assignment>.ipynb")
@@ -38,18 +58,19 @@ def main(argv: list[str] | None = None) -> int:
     p_mg = sub.add_parser("merge", help="join the output folders of `grade --shard K/N` runs")
     p_mg.add_argument("parts", nargs="+", type=Path, help="the --out folders of the shards")
     p_mg.add_argument("--out", type=Path, default=ROOT / "_build" / "grades")
-    p_ch = sub.add_parser("check", help="run a notebook's visible tests here, as the grader would")
-    p_ch.add_argument("notebook", type=Path)
-    p_ch.add_argument("--timeout", type=float, default=60)
+    p_ch = sub.add_parser(
+        "check", help="students: run your notebook's visible tests and see your points",
+        description=CHECK_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p_ch.add_argument("notebook", type=Path, help="your copy of the assignment, e.g. 00_setup_and_notation.ipynb")
+    p_ch.add_argument("--timeout", type=float, default=60, help="time limit of one cell in seconds (default 60)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
         if args.command == "release":
-            written = release.release(args.notebooks or None, out=args.out)
+            written = release.release(args.notebooks or None, out=args.out, install=args.install)
             print(f"released {len(written)} notebook(s) to {args.out} in {time.perf_counter() - start:.1f} s")
         elif args.command == "check":
             failed = grade.check_notebook(args.notebook, timeout=args.timeout)
-            print("all visible checks passed" if not failed else f"{failed} test cell(s) failed")
             return 1 if failed else 0
         elif args.command == "merge":
             grade.merge(args.parts, args.out)

@@ -173,11 +173,11 @@ for _i in range(10):
     except OSError:
         pass
 """
-NO_MAX = """def self_attention(X, W_Q, W_K, W_V, mask=None):
+NO_MAX = """def packed_self_attention(X, W_Q, W_K, W_V, doc):
     Q, K, V = X @ W_Q, X @ W_K, X @ W_V
-    S = Q @ np.swapaxes(K, -1, -2) / np.sqrt(Q.shape[-1]).astype(X.dtype)
-    if mask is not None:
-        S = np.where(mask, S, -np.inf)
+    S = Q @ np.swapaxes(K, -1, -2) / np.sqrt(Q.shape[-1])
+    doc, T = np.asarray(doc), X.shape[-2]
+    S = np.where((doc[..., :, None] == doc[..., None, :]) & np.tril(np.ones((T, T), dtype=bool)), S, -np.inf)
     E = np.exp(S)                      # no max subtraction: overflows at large scores
     P = E / E.sum(axis=-1, keepdims=True)
     return P @ V, P
@@ -428,6 +428,14 @@ def _answer(student, answers: dict[str, str]):
     return nb
 
 
+def _copy_cell(cell):
+    """A copy of a cell as JupyterLab pastes it: the same source and metadata (nbgrader's grade id
+    included), a cell id of its own (nbformat 4.5 ids are unique in a notebook)."""
+    c = copy.deepcopy(cell)
+    c["id"] = (str(cell.get("id") or "cell")[:58] + "-copy")
+    return c
+
+
 def _index(nb, gid):
     return next(i for i, c in enumerate(nb.cells) if course._nbgrader(c).get("grade_id") == gid)
 
@@ -499,9 +507,9 @@ def make_class(subs: Path, released: dict[str, Path], out: Path, tag: str, port:
     nbs["crash_last"] = {CH0: _answer(s0, {**r0, "ex0-4-prediction": CRASH})}
     dup = _answer(s0, r0)
     k = _index(dup, "ex0-1-softmax-tests")
-    dup.cells.insert(k + 1, copy.deepcopy(dup.cells[k]))
+    dup.cells.insert(k + 1, _copy_cell(dup.cells[k]))
     k = _index(dup, "ex0-3-scores")
-    dup.cells.insert(k + 1, copy.deepcopy(dup.cells[k]))
+    dup.cells.insert(k + 1, _copy_cell(dup.cells[k]))
     nbs["dup_cells"] = {CH0: dup}
     tam = _answer(s0, {**r0, "ex0-1-softmax": wrong_axis})
     tam.cells[_index(tam, "ex0-1-softmax-tests")].source = 'print("✔ softmax: all good")'

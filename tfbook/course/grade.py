@@ -74,6 +74,17 @@ class Row:
 # --------------------------------------------------------------------------- the job
 
 
+def read_submission(text: str):
+    """A student's notebook from its text. Cells that share an id (a cell copied by a tool that
+    kept its id) are given new ids by nbformat, silently: :func:`build_job` names a duplicated
+    test or answer cell in the reason, and the console is no place for the student's data."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Non-unique cell id")
+        return nbformat.reads(text, as_version=4)
+
+
 def build_job(sub, plan) -> tuple[list[dict], list[str], dict[str, int]]:
     """(cells to run, notes for the reason, {test gid: submission cell index})."""
     tests = {t.gid: t for t in plan.tests}
@@ -406,6 +417,15 @@ def _judge_limits() -> None:
         pass
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a process (Linux /proc), or None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class JudgeProxy:
     """A judge process for one assignment (started when its first submission starts)."""
 
@@ -451,33 +471,50 @@ class JudgeProxy:
         return r.get("calls", {}) if "failed" not in r else {}
 
     def evaluate(self, values, results, visible=None, timeout: float | None = None) -> dict:
-        r = self.ready()
-        if "failed" in r:
-            raise RuntimeError(f"the master notebook could not be run: {r['failed']}")
+        """Judge one submission's data. ``timeout`` bounds the judge's *CPU* time on it (a hang
+        on a student's data burns CPU; a judge that merely waits for a core on a loaded machine
+        does not), and WALL_FACTOR times as much wall time bounds a judge that blocks."""
         import select
 
         limit = self.EVALUATE_TIMEOUT if timeout is None else min(self.EVALUATE_TIMEOUT, timeout)
-        with self.lock:
-            t0 = time.monotonic()
+        with self.lock:  # one evaluation at a time, and never on a judge whose "ready" is unread
+            r = self.ready()  # inside the lock: after a restart, the new judge's "ready" is read first
+            if "failed" in r:
+                raise RuntimeError(f"the master notebook could not be run: {r['failed']}")
+            t0, cpu0 = time.monotonic(), _cpu_seconds(self.proc.pid)
             try:
                 judge_mod._send(self.proc.stdin, (values, results, visible or {}))
-                if not select.select([self.proc.stdout], [], [], limit)[0]:
-                    raise TimeoutError(f"judging this submission took over {limit:g} s")
+                while not select.select([self.proc.stdout], [], [], 1.0)[0]:
+                    cpu = _cpu_seconds(self.proc.pid)
+                    used = (cpu - cpu0) if cpu is not None and cpu0 is not None else time.monotonic() - t0
+                    if used > limit or time.monotonic() - t0 > limit * self.WALL_FACTOR:
+                        raise TimeoutError(f"judging this submission took over {limit:g} s")
+                    if self.proc.poll() is not None:
+                        raise EOFError
                 status, payload = judge_mod._recv(self.proc.stdout)
             except (TimeoutError, EOFError, OSError, pickle.UnpicklingError) as exc:
                 # one submission's data hung or killed the judge: a fresh judge for the others
                 # (it records the cases again: the same master, the same pickles)
-                self.proc.kill()
-                self.proc.wait()
-                with self.ready_lock:
-                    self._start()
-                    self._ready = None
+                self.restart()
                 raise RuntimeError(str(exc) or "the judge died on this submission's data") from None
             finally:
                 self.busy += time.monotonic() - t0
         if status != "ok":
             raise RuntimeError(payload)
         return payload
+
+    WALL_FACTOR = 10.0  # wall seconds per CPU second of the limit before a blocked judge is restarted
+
+    def restart(self) -> None:
+        """Kill the judge and start a fresh one (callers hold ``self.lock``)."""
+        try:
+            self.proc.kill()
+        except OSError:
+            pass
+        self.proc.wait()
+        with self.ready_lock:
+            self._start()
+            self._ready = None
 
     def close(self) -> None:
         if self.proc is None:
@@ -505,7 +542,7 @@ def grade_one(row: Row, path: Path, plan, judge: JudgeProxy, work: Path, *, time
     start = time.monotonic()
     deadline = start + total_timeout
     judge.start()  # records the cases while the sandbox runs the visible phase
-    sub = nbformat.reads((data if data is not None else path.read_bytes()).decode("utf-8"), as_version=4)
+    sub = read_submission((data if data is not None else path.read_bytes()).decode("utf-8"))
     cells, notes, placed = build_job(sub, plan)
     by_index = {c["index"]: c for c in cells}
     have = {judge_mod._nbgrader(c).get("grade_id") for c in sub.cells} - {None}
@@ -745,7 +782,7 @@ def _readable(data: bytes) -> str:
     except UnicodeDecodeError:
         return "not UTF-8 text"
     try:
-        nb = nbformat.reads(text, as_version=4)
+        nb = read_submission(text)
     except Exception:  # noqa: BLE001  (json.JSONDecodeError, nbformat validation, ...)
         return "not a notebook (not valid notebook JSON)"
     if not isinstance(nb.get("cells"), list):
@@ -992,23 +1029,76 @@ def merge(parts: list[Path], out: Path, verbose: bool = True) -> list[dict]:
 # --------------------------------------------------------------------------- check (students)
 
 
+def exercise_label(nb, index: int, gid: str | None) -> str:
+    """"Exercise 0.1" for the test cell at ``index``: from the last heading above it that names
+    an exercise, else from its grade id (ex0-1-...), else "test cell N"."""
+    for cell in reversed(nb.cells[:index]):
+        if cell.cell_type == "markdown":
+            heads = [l for l in cell.source.splitlines() if l.lstrip().startswith("#")]
+            for line in reversed(heads):
+                m = _EXERCISE.search(line)
+                if m:
+                    return f"Exercise {m.group(1)}"
+    m = re.match(r"ex([0-9A-Za-z]+)-(\d+)-", gid or "")
+    return f"Exercise {m.group(1)}.{m.group(2)}" if m else f"test cell {index + 1}"
+
+
+_EXERCISE = re.compile(r"Exercise\s+([0-9A-Z]+\.\d+)")
+_NAME = re.compile(r"name '([A-Za-z_]\w{0,40})' is not defined")
+
+
+def _check_diagnosis(rec: dict, answer: dict | None, timeout: float) -> str:
+    """Why a test cell failed, in words: the checks' own ✘ line, else a fixed sentence (never a
+    bare exception)."""
+    cross = _first_cross(rec.get("out", ""))
+    if cross:
+        return cross
+    if rec.get("status") == "timeout":
+        return f"✘ the test ran longer than {timeout:g} s and was interrupted (a loop that never ends?)"
+    if answer and answer.get("status") == "timeout":
+        return f"✘ your answer cell ran longer than {timeout:g} s and was interrupted"
+    if answer and answer.get("status") == "error":
+        return (f"✘ your answer cell raised {judge_mod.error_name(answer.get('ename'))}: run it and "
+                "read its error first")
+    ename = rec.get("ename", "")
+    if ename == "NameError":
+        m = _NAME.search(rec.get("evalue", ""))
+        what = f"`{m.group(1)}`" if m else "a name the test needs"
+        return f"✘ {what} is not defined: run your answer cell (and the cells above it) first"
+    if ename in ("AssertionError", "CheckFailed"):
+        first = (rec.get("evalue") or "").strip().splitlines()[:1]
+        return "✘ a visible check failed" + (f": {first[0][:200]}" if first else "")
+    return (f"✘ the test could not use your answer (it raised {judge_mod.error_name(ename)}: "
+            "a wrong type or shape?)")
+
+
 def check_notebook(path: Path, timeout: float = 60, stream=None) -> int:
     """Run a notebook and its visible tests here (no sandbox: it is the student's own code);
-    print each test cell's messages; return the number of test cells that failed."""
+    print, for each exercise, "not answered yet" or its points from the visible checks with
+    their ✔/✘ lines, then a total; return the number of exercises not passed (unanswered
+    ones included)."""
     path = Path(path)
     stream = stream or sys.stdout
     if not path.is_file():
         raise ValueError(f"{path} is not a file")
-    nb = nbformat.reads(path.read_bytes().decode("utf-8"), as_version=4)
+    nb = read_submission(path.read_bytes().decode("utf-8"))
     cells, failed = [], 0
-    tests = {}
+    tests: dict[int, tuple[str, float, int | None]] = {}  # test cell -> (label, points, answer cell)
+    answer_at = None
     for idx, cell in enumerate(nb.cells):
         if cell.cell_type != "code":
             continue
         meta = judge_mod._nbgrader(cell)
         kind = "test" if meta.get("grade") else "code"
+        if meta.get("solution") and not meta.get("grade"):
+            answer_at = idx
         if kind == "test":
-            tests[idx] = meta.get("grade_id", f"cell {idx + 1}")
+            try:
+                points = float(meta.get("points", 0) or 0)
+            except (TypeError, ValueError):
+                points = 0.0
+            tests[idx] = (exercise_label(nb, idx, meta.get("grade_id")), points, answer_at)
+            answer_at = None
         cells.append({"index": idx, "kind": kind, "source": judge_mod.released_test_source(cell.source)
                       if kind == "test" else cell.source, "gid": meta.get("grade_id")})
     if not tests:
@@ -1021,20 +1111,37 @@ def check_notebook(path: Path, timeout: float = 60, stream=None) -> int:
                         log=Path(tmp) / "check.log")
     if a.error:
         raise RuntimeError(a.error)
-    for idx, gid in tests.items():
+    print(f"{path.name}: the visible checks, run here (the grader also runs hidden tests, so these "
+          "points are the most you can score)", file=stream)
+    score = total = 0.0
+    unanswered = 0
+    for idx, (label, points, answer) in tests.items():
+        total += points
         rec = a.records.get(idx)
+        ans = a.records.get(answer) if answer is not None else None
         if rec is None:
             failed += 1
-            print(f"{gid}: not reached", file=stream)
+            print(f"{label}: 0/{points:g} points: not reached (the notebook stopped before this test)",
+                  file=stream)
+            continue
+        stub = (ans or {}).get("ename") == "NotImplementedError" or (
+            rec["status"] == "error" and rec.get("ename") == "NotImplementedError")
+        if stub:
+            failed += 1
+            unanswered += 1
+            print(f"{label}: not answered yet (0/{points:g} points)", file=stream)
             continue
         ok = rec["status"] == "ok"
         failed += not ok
-        print(f"{gid}: {'passed' if ok else 'FAILED'}", file=stream)
+        score += points if ok else 0.0
+        print(f"{label}: {points if ok else 0:g}/{points:g} points", file=stream)
         for line in rec["out"].splitlines():
             if line.startswith(("✔", "✘")):
                 print(f"    {line}", file=stream)
         if not ok and not _first_cross(rec["out"]):
-            print(f"    {rec['ename']}: {rec['evalue'][:200]}", file=stream)
+            print(f"    {_check_diagnosis(rec, ans, timeout)}", file=stream)
+    note = f"; {unanswered} not answered yet" if unanswered else ""
+    print(f"Total: {score:g}/{total:g} points from the visible checks{note}", file=stream)
     return failed
 
 
@@ -1043,4 +1150,4 @@ def median_seconds(rows: list[Row]) -> tuple[float, float]:
     return (statistics.median(ts), max(ts)) if ts else (0.0, 0.0)
 
 
-__all__ = ["grade", "merge", "Row", "CSV_FIELDS", "check_notebook", "build_job", "find_work"]
+__all__ = ["grade", "merge", "Row", "CSV_FIELDS", "check_notebook", "exercise_label", "build_job", "find_work"]

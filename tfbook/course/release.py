@@ -275,9 +275,57 @@ def strip_test_markers(nb):
 
 
 
+HOWTO_ID, INSTALL_ID = "tfbook-how-to-check", "tfbook-colab-install"  # fixed ids: releases are reproducible
+_SNIPPET_PIP = re.compile(r'%pip install[^"]*"tfbook(\[[^\]]*\])?\s*@\s*(git\+\S+?)"')
+
+
+def default_install(master) -> str | None:
+    """The pip requirement a student installs on Colab: the package with the extras the chapter
+    and ``check`` need, from where the chapter's own Colab cell installs it (the package is
+    built from its sources; the notebooks, and so the solutions, are not in it). None if the
+    chapter has no Colab cell."""
+    for cell in master.cells[:3]:
+        m = _SNIPPET_PIP.search(cell.source) if cell.cell_type == "code" else None
+        if m:
+            return f"tfbook[book,course] @ {m.group(2)}"
+    return None
+
+
+def add_student_cells(nb, stem: str, install: str | None):
+    """Put, after the title, a note on how to check the exercises and (when ``install`` is
+    given) a Colab cell that installs the package (in place)."""
+    name = f"{stem}.ipynb"
+    text = (
+        "**Graded exercises: how to check your work.** Write each answer in the cell marked "
+        "`# YOUR CODE HERE` (delete the `raise NotImplementedError()` line) and run the test cell "
+        "below it: it prints a `✔` or a `✘` line naming the likely mistake. For all the exercises "
+        "at once, with points and a total, run in a terminal, in this notebook's folder:\n\n"
+        f"```\npython -m tfbook.course check {name}\n```\n\n"
+        "(in a notebook cell: `!python -m tfbook.course check " + name + "`; on Colab, save the "
+        "notebook to Drive first and give its path under `/content/drive/`). The check runs only "
+        "the visible tests: the grader also runs hidden tests, so the total it prints is the most "
+        "you can score. Do not rename or delete the test cells; they are restored when graded.")
+    cells = [nbformat.v4.new_markdown_cell(text)]
+    cells[0]["id"] = HOWTO_ID
+    if install:
+        code = ("# On Colab only: install the tfbook package (does nothing elsewhere)\n"
+                "import sys\n"
+                'if "google.colab" in sys.modules:\n'
+                f'    %pip install --quiet "{install}"\n')
+        cells.append(nbformat.v4.new_code_cell(code))
+        cells[1]["id"] = INSTALL_ID
+    at = 1 if nb.cells and nb.cells[0].cell_type == "markdown" else 0
+    nb.cells[at:at] = cells
+    return nb
+
+
 def release(notebooks: list[Path] | None = None, out: Path = ROOT / "_build" / "release",
-            verbose: bool = True) -> dict[str, Path]:
-    """Build student notebooks; return {assignment: path}. Raises if anything secret leaked."""
+            verbose: bool = True, install: str | None = None) -> dict[str, Path]:
+    """Build student notebooks; return {assignment: path}. Raises if anything secret leaked.
+
+    ``install``: the pip requirement the notebooks' Colab cell installs (default: the package
+    from where each chapter's own Colab cell gets it, with the ``book`` and ``course`` extras;
+    an instructor whose repository must stay private gives a wheel's URL here)."""
     paths = [Path(p) for p in notebooks] if notebooks else chapter_notebooks()
     if not paths:
         raise ValueError("no chapter notebooks with graded cells found")
@@ -289,6 +337,7 @@ def release(notebooks: list[Path] | None = None, out: Path = ROOT / "_build" / "
             released = _generate(course, path)
             master = nbformat.read(str(path), as_version=4)
             student = strip_test_markers(nbformat.read(str(released), as_version=4))
+            add_student_cells(student, path.stem, install or default_install(master))
             leaks = find_leaks(master, notebook_text(student))
             if leaks:
                 raise RuntimeError(f"{path.name}: the student notebook leaks {leaks[:5]}")
