@@ -201,17 +201,18 @@ MISTAKES["17_efficient_attention"] = {
 
 
 _BUCKETS = """
-def bucketed_allreduce(rank_grads, cap_bytes):
+def bucketed_allreduce(rank_grads, cap_bytes, first_cap_bytes=None):
     buckets, current, size = [], [], 0
+    limit = FIRST
     for i in ORDER:
-        if CLOSE_BEFORE and current and size + SIZE > cap_bytes:
+        if CLOSE_BEFORE and current and size + SIZE > limit:
             buckets.append(current)
-            current, size = [], 0
+            current, size, limit = [], 0, NEXT
         current.append(i)
         size += SIZE
-        if not CLOSE_BEFORE and size >= cap_bytes:
+        if not CLOSE_BEFORE and size >= limit:
             buckets.append(current)
-            current, size = [], 0
+            current, size, limit = [], 0, NEXT
     if current:
         buckets.append(current)
     flat_sums = [REDUCE(np.concatenate([g[i].ravel() for i in INNER]) for g in rank_grads) for b in buckets]
@@ -222,7 +223,9 @@ def bucketed_allreduce(rank_grads, cap_bytes):
 def _buckets(**change):
     """Exercise 18.1's answer, with the mistake put in by replacing one of its upper-case parts."""
     return variant(_BUCKETS, dict(ORDER="reversed(range(len(rank_grads[0])))", CLOSE_BEFORE="False",
-                                  SIZE="rank_grads[0][i].nbytes", REDUCE="sum", INNER="b"), **change)
+                                  SIZE="rank_grads[0][i].nbytes", REDUCE="sum", INNER="b",
+                                  FIRST="cap_bytes if first_cap_bytes is None else first_cap_bytes",
+                                  NEXT="cap_bytes"), **change)
 
 
 _TOKEN_MEAN = """
@@ -248,6 +251,8 @@ MISTAKES["18_parallel_training"] = {
         "averaged over the ranks": (_buckets(REDUCE="(lambda xs: sum(xs) / len(rank_grads))"),
                                     "the buffers were averaged over the ranks"),
         "flattened in parameter order": (_buckets(INNER="sorted(b)"), "flattened in another order"),
+        "first bucket's cap ignored": (_buckets(FIRST="cap_bytes"), "first_cap_bytes was ignored"),
+        "first cap for every bucket": (_buckets(NEXT="limit"), "every bucket was given first_cap_bytes"),
     },
     "ex18-2-padded-tests": {
         "rank means averaged": (code("""

@@ -65,6 +65,7 @@ __all__ = [
     "MegatronBlock",
     "tp_plan",
     "tp_data",
+    "ddp_buckets",
 ]
 
 
@@ -444,6 +445,45 @@ def single_process_adamw(cfg: DPConfig = DPConfig(), lr: float = 0.01, weight_de
         opt.step()
         losses.append(loss.item())
     return {"losses": losses, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+
+
+def ddp_buckets(nbytes, cap_bytes: int, first_cap_bytes: int | None = None) -> list[list[int]]:
+    """The buckets ``DistributedDataParallel`` all-reduces, by the rule its documentation states.
+
+    ``nbytes[i]`` is the size in bytes of parameter ``i``'s gradient, parameters in the order the
+    model defines them (``model.parameters()``), all of one dtype and device (DDP keeps a separate
+    stream of buckets per dtype and device). The rule, from DDP's documentation and the comments
+    of ``torch/nn/parallel/distributed.py``: from the second iteration on, buckets follow the order
+    in which gradients become ready, roughly the reverse of the definition order (the last
+    layer's gradient is computed first; this function takes exactly the reverse); each gradient
+    joins the open bucket, which is closed as soon as it holds ``cap_bytes`` or more (so a bucket
+    passes the cap by its last tensor, and a tensor larger than the cap fills a bucket alone);
+    the first bucket closes at ``first_cap_bytes`` instead (DDP's default: 1 MiB first, then
+    ``bucket_cap_mb=25`` MiB; with an explicit ``bucket_cap_mb`` every bucket, the first too, has
+    that cap); what is left forms the last bucket.
+
+    Returns the buckets in the order they are all-reduced, each a list of parameter indices in
+    the order its flat buffer lays them out. Written independently of DDP's own assignment
+    function; ``tests/test_ddp_buckets.py`` checks it against the buckets that a communication
+    hook (``DistributedDataParallel.register_comm_hook``) receives from a real DDP model.
+    """
+    sizes = [int(n) for n in nbytes]
+    if any(n < 0 for n in sizes) or len(sizes) != len(list(nbytes)):
+        raise ValueError(f"nbytes must be non-negative byte counts, got {list(nbytes)!r}")
+    for name, cap in (("cap_bytes", cap_bytes), ("first_cap_bytes", first_cap_bytes)):
+        if cap is not None and not cap > 0:
+            raise ValueError(f"{name} must be positive, got {cap!r}")
+    limit = cap_bytes if first_cap_bytes is None else first_cap_bytes
+    buckets, current, size = [], [], 0
+    for i in reversed(range(len(sizes))):
+        current.append(i)
+        size += sizes[i]
+        if size >= limit:
+            buckets.append(current)
+            current, size, limit = [], 0, cap_bytes
+    if current:
+        buckets.append(current)
+    return buckets
 
 
 def _tensor_bytes(ts) -> int:

@@ -6,6 +6,7 @@ HIDDEN = {
         "B": "a tensor larger than the cap fills a bucket alone",
         "C": "a single rank",
         "D": "a cap larger than the whole model: one bucket",
+        "E": "a first bucket with a smaller cap (first_cap_bytes), float32",
     },
     "ex18-2-padded-tests": {
         "A": "a rank holding only padding (its mean is nan) contributes nothing",
