@@ -35,25 +35,22 @@ def _self_attention(**change):
                    **change)
 
 
-_MULTI_HEAD = """
-def multi_head_loop(X, params, num_heads):
-    D_h = X.shape[-1] // num_heads
-    Zs, Ps = [], []
-    for h in range(num_heads):
-        c = slice(h * D_h, (h + 1) * D_h)
-        Q, K, V = (X @ params[f"W_{k}"][:, c] + QKVB for k in "QKV")
-        Z_h, P_h = tnp.scaled_dot_product_attention(Q, K, VSCALE_ARG)
-        Zs.append(Z_h)
-        Ps.append(P_h)
-    return np.concatenate(Zs, axis=-1) @ params["W_O"]B_OUT, np.stack(PsHEAD_AXIS)
+_PRUNE = """
+def prune_heads(params, num_heads, keep):
+    D_h = params["W_Q"].shape[1] // num_heads
+    cols = np.concatenate([np.arange(h * D_h, (h + 1) * D_h) for h in HEADS])
+    pruned = {f"W_{k}": params[f"W_{k}"][:, cols] for k in "QKV"}
+    pruned.update({f"b_{k}": params[f"b_{k}"]BQKV for k in "QKV"})
+    pruned["W_O"] = WOUTPUT
+    BOUT
+    return pruned
 """
 
 
-def _multi_head(**change):
+def _prune(**change):
     """Exercise 5.1's answer, with the mistake put in by replacing one of its upper-case parts."""
-    return variant(_MULTI_HEAD, dict(QKVB='(0.0 if params.get(f"b_{k}") is None else params[f"b_{k}"][c])',
-                                     SCALE_ARG="", B_OUT=' + (0.0 if params.get("b_O") is None else params["b_O"])',
-                                     HEAD_AXIS=", axis=-3"), **change)
+    return variant(_PRUNE, dict(HEADS="keep", BQKV="[cols]", WOUTPUT='params["W_O"][cols, :]',
+                                BOUT='pruned["b_O"] = params["b_O"].copy()'), **change)
 
 
 # {chapter: {test grade_id: {mistake: (wrong answer, words its visible failure must contain)}}}
@@ -186,13 +183,26 @@ MISTAKES: dict[str, dict[str, dict[str, tuple[str, str]]]] = {
         },
     },
     "05_multi_head_attention": {
-        "ex5-1-multi-head-loop-tests": {
-            "heads stacked first": (_multi_head(HEAD_AXIS=""), "P has the heads first"),
-            "scaled by sqrt(D)": (_multi_head(SCALE_ARG=", scale=1 / math.sqrt(X.shape[-1])"),
-                                  "the scores were divided by sqrt(D)"),
-            "b_O forgotten": (_multi_head(B_OUT=""), "b_O is missing"),
-            "biases required": (_multi_head(QKVB='params[f"b_{k}"][c]', B_OUT=' + params["b_O"]'),
-                                "read a bias with params.get(name)"),
+        "ex5-1-prune-heads-tests": {
+            "heads taken as columns": (_prune(HEADS="keep", BQKV="[keep]").replace(
+                "np.concatenate([np.arange(h * D_h, (h + 1) * D_h) for h in keep])", "np.asarray(keep)"),
+                "keep lists heads, not columns"),
+            "W_O cut by columns": (_prune(WOUTPUT='params["W_O"][:, cols]'), "W_O was cut by columns"),
+            "W_O not cut": (_prune(WOUTPUT='params["W_O"]'), "W_O still has the rows of the removed heads"),
+            "b_Q, b_K, b_V not cut": (_prune(BQKV=""), "b_Q, b_K and b_V belong to the heads too"),
+            "b_O cut": (_prune(BOUT='pruned["b_O"] = params["b_O"][cols]'), "b_O was cut"),
+            "b_O dropped": (_prune(BOUT="pass"), "b_O was dropped"),
+            "the first heads kept": (_prune(HEADS="range(len(keep))"), "you kept the first len(keep) heads"),
+            "params changed in place": (code("""
+                def prune_heads(params, num_heads, keep):
+                    D_h = params["W_Q"].shape[1] // num_heads
+                    cols = np.concatenate([np.arange(h * D_h, (h + 1) * D_h) for h in keep])
+                    for k in "QKV":
+                        params[f"W_{k}"][:, [c for c in range(params["W_Q"].shape[1]) if c not in cols]] = 0.0
+                    return {**{f"W_{k}": params[f"W_{k}"][:, cols] for k in "QKV"},
+                            **{f"b_{k}": params[f"b_{k}"][cols] for k in "QKV"},
+                            "W_O": params["W_O"][cols, :], "b_O": params["b_O"]}
+            """), "prune_heads changed the params it was given"),
         },
     },
 }
