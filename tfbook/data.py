@@ -395,8 +395,9 @@ def load_corpus(name: str = "tiny_corpus") -> str:
     ``"tiny_corpus"`` is a few kilobytes of plain English prose written for this
     project (a story about a lighthouse keeper who counts and a note on how a reader
     attends to words), small enough to train on in seconds (:mod:`tfbook.tasks.corpus`);
-    too small for samples that read as sentences. Chapter 13's language models train on
-    the 1.25 MB King James text instead (``kjv_prose.txt.gz``, read by
+    too small for samples that read as sentences. Chapter 1 fits its tokenizers on it.
+    No chapter's language model trains on it: chapter 13's models (whose samples chapter 11
+    shows) train on the 1.25 MB King James text (``kjv_prose.txt.gz``, read by
     :func:`tfbook.tasks.prose.load_text`, not by this function).
     """
     folder = resources.files("tfbook") / "corpus"

@@ -1,7 +1,9 @@
 """A tiny corpus: a character-level language model trained in seconds, for demonstrations.
 
-``tfbook/corpus/tiny_corpus.txt`` (a few kilobytes; chapter 13's models train on the
-1.25 MB text of :mod:`tfbook.tasks.prose` instead), one token per character, cut in reading order into
+``tfbook/corpus/tiny_corpus.txt`` (a few kilobytes; chapter 13's models, whose samples
+chapters 11 and 13 show, train on the 1.25 MB text of :mod:`tfbook.tasks.prose` instead; no
+chapter uses this task now: it is the smallest trained task, for tests and quick
+demonstrations), one token per character, cut in reading order into
 training text (80%), a validation slice (10%) that picks the early-stopping step, and a
 test slice (the last 10%) that nothing in training looks at. :func:`evaluate` reports bits
 per character. The shipped weights ``lm_corpus.pt`` (float16, with the history) are
