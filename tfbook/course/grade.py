@@ -150,6 +150,33 @@ class Attempt:
     error: str = ""
     waited: float = 0.0  # seconds spent waiting for the judge to record the cases
     visible: dict = field(default_factory=dict)  # gid -> name -> [(digest, answer)]
+    kernel_peaks: dict = field(default_factory=dict)  # measured gid -> bytes its hidden calls took (kernel)
+
+
+KERNEL_SLACK = 32 * 2**20  # bytes a measured test's window may grow by without the student's code
+
+
+class _Window:
+    """The kernel's measure (the slot's memory cgroup) of what a sandbox allocates from now on:
+    opened by the grader when it sends the hidden inputs (before the sandbox has them, so no
+    result can be computed outside it), read at the end of each measured test's hidden calls.
+    The student's code cannot reset it (no cgroup file system in the sandbox). ``allowance``:
+    what reading and unpickling the inputs may take."""
+
+    def __init__(self, slot, allowance: int):
+        self.slot, self.allowance, self.highest = slot, allowance, 0
+        self._open()
+
+    def _open(self) -> None:
+        self.slot.reset_peak()
+        self.base = self.slot.usage() or 0
+
+    def close_and_reopen(self) -> int:
+        peak = self.slot.peak() or 0
+        self.highest = max(self.highest, peak)
+        grown = max(0, peak - self.base - self.allowance)
+        self._open()
+        return grown
 
 
 # the error codes a sandbox may send (judge._FAILURES says each in words); anything else is "failed"
@@ -256,7 +283,7 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, deadline
                                 cwd=cwd, env=env, preexec_fn=sandbox.preexec(limits, nproc, slot))
     q: queue.Queue = queue.Queue()
     threading.Thread(target=_reader, args=(proc.stdout, q), daemon=True).start()
-    open_item, item_deadline, hidden_calls = None, None, {}
+    open_item, item_deadline, hidden_calls, window = None, None, {}, None
     capturing = {c["index"] for c in job["cells"] if c.get("capture")
                  and c["index"] not in job.get("skip_capture", [])}
     try:
@@ -329,7 +356,12 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, deadline
                     hidden_calls = calls_for()
                     a.waited += time.monotonic() - t0
                     wanted = {g: c for g, c in hidden_calls.items() if g not in job.get("skip_hidden", [])}
+                    # the tests that measure memory run first, each in a window the kernel measures
+                    measured = [g for g in job.get("measure_memory", ()) if g in wanted]
+                    wanted = {**{g: wanted[g] for g in measured}, **wanted}
                     data = pickle.dumps(wanted)
+                    if measured and slot is not None and slot.usage() is not None:
+                        window = _Window(slot, allowance=4 * len(data) + KERNEL_SLACK)
                     threading.Thread(target=_writer, args=(proc.stdin, data), daemon=True).start()
                 continue
             # hidden phase: only results count; nothing here reaches the feedback
@@ -338,6 +370,8 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, deadline
                 item_deadline = time.monotonic() + timeout + GRACE
             elif t == "hend" and open_item == ("hidden", msg.get("gid")):
                 open_item, item_deadline = None, None
+                if window is not None and msg["gid"] in job.get("measure_memory", ()):
+                    a.kernel_peaks[msg["gid"]] = window.close_and_reopen()
             elif t == "result" and open_item == ("hidden", msg.get("gid")):
                 gid, name, k = msg.get("gid"), msg.get("name"), msg.get("k")
                 wanted_ks = {j for j, _ in hidden_calls.get(gid, {}).get(name, [])}
@@ -350,7 +384,8 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, deadline
         _kill(proc)
         if slot is not None:
             slot.kill_all()
-            trusted = slot.peak()  # the kernel's measure of the whole sandbox: a claim above it is forged
+            # the kernel's measure of the whole sandbox: a claim above it is forged
+            trusted = slot.peak() if window is None else max(window.highest, slot.peak() or 0)
             if trusted is not None:
                 for per in a.results.values():
                     for answers in per.values():
@@ -358,6 +393,13 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, deadline
                             if len(r) > 2 and r[2].get("peak", 0) > trusted:
                                 answers[k] = (False, "failed")
         _append_driver_log(scratch / "driver.log", log)
+    # a measured call's peak is at least what the kernel saw its test's hidden calls allocate (less
+    # the inputs' unpickling): tracemalloc.reset_peak(), or memory PyTorch allocates, cannot hide it
+    for gid, floor in a.kernel_peaks.items():
+        for answers in a.results.get(gid, {}).values():
+            for k, r in list(answers.items()):
+                if r[0] and len(r) > 2:
+                    answers[k] = (True, r[1], {**r[2], "peak": max(int(r[2].get("peak", 0)), floor)})
     if not a.done and a.culprit is None and not a.overall:
         tail = log.read_bytes()[-400:].decode("utf-8", errors="replace") if log.exists() else ""
         if not a.records and not a.visible_done:

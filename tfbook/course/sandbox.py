@@ -332,6 +332,16 @@ class Slot:
         if where is not None:
             _write(where / "memory.max_usage_in_bytes", 0) or _write(where / "memory.peak", 0)
 
+    def usage(self) -> int | None:
+        """The sandbox's memory now (all its processes), measured by the kernel."""
+        where = self.groups.get("memory")
+        for name in ("memory.usage_in_bytes", "memory.current"):
+            try:
+                return int((where / name).read_text().split()[0]) if where is not None else None
+            except (OSError, ValueError, IndexError):
+                continue
+        return None
+
     def peak(self) -> int | None:
         """The sandbox's peak memory (all its processes) since the last reset, measured by the kernel."""
         where = self.groups.get("memory")
