@@ -187,3 +187,19 @@ def test_retraining_reproduces_first_steps(size):
     assert len(shipped["loss"]) == prose.SIZES[size]["steps"]
     np.testing.assert_allclose(hist["loss"], shipped["loss"][:5], rtol=1e-4)
     np.testing.assert_allclose(hist["lr"], shipped["lr"][:5], rtol=1e-12)  # the full run's schedule
+
+
+# ----------------------------------------------------------------------------- the command
+def test_quick_command_refuses_to_overwrite_the_shipped_artifacts():
+    """``--quick`` writes a 20-step model and scores on 2,000 characters: never into tfbook/weights."""
+    with pytest.raises(ValueError, match="--out"):
+        prose.main(["--quick", "--sizes", "small"])
+
+
+def test_limited_splits_cut_validation_and_test_only(splits):
+    cut = prose._limited(splits, 500)
+    assert torch.equal(cut.train, splits.train)
+    assert torch.equal(cut.validation, splits.validation[:500]) and torch.equal(cut.test, splits.test[:500])
+    assert prose._limited(splits, None) is splits
+    with pytest.raises(ValueError, match="limit"):
+        prose._limited(splits, 10)

@@ -34,7 +34,16 @@ settings chosen on validation). ``prose_long.pt`` (seed 0, float16) and
         --candidates d192-L6-T256-p0.1      # the chosen candidate; all five by default
 
 (on a GPU the runs are not bitwise reproducible; on one CPU core a run of the recorded step
-count takes hours, and the scores, a CPU-hour, are float32).
+count takes hours, and the scores, a CPU-hour, are float32). The dynamic-evaluation rate is
+chosen on the first 20,000 validation characters for every seed, and the rate with the lowest
+mean over the seeds codes the test slice (the per-seed choices are stored too).
+
+``--quick`` checks either command end to end in minutes on a CPU (20 training steps, the first
+2,000 characters of each slice scored, one seed of the chosen long candidate); its artifacts
+are not the shipped ones, so it needs ``--out DIR``::
+
+    python -m tfbook.tasks.prose --quick --sizes small --out /tmp/prose_quick
+    python -m tfbook.tasks.prose --long --quick --out /tmp/prose_quick
 """
 
 from __future__ import annotations
@@ -52,7 +61,7 @@ from ..data import CharTokenizer
 from ..torch.models import DecoderLM, DecoderLMConfig, lm_batch, lm_loss
 from ..torch.training import History
 from ..torch.training import train as train_loop
-from ._common import Splits, cli, load_blob, load_state, pick, save_model, shipped, write_json
+from ._common import WEIGHTS, Splits, cli, load_blob, load_state, pick, save_model, shipped, write_json
 
 __all__ = ["RECIPE", "SIZES", "ARTIFACTS", "load_text", "tokenizer", "data", "config", "train",
            "bits_per_char", "evaluate", "NGram", "fit_ngram", "filter_logits", "sample",
@@ -386,10 +395,21 @@ def save(model: DecoderLM, history: History, folder, size: str = "large"):
     return save_model(Path(folder) / f"prose_{size}.pt", model, history)
 
 
-def scores(models: dict) -> dict:
+def _limited(splits: Splits, limit: int | None) -> Splits:
+    """``splits`` with the validation and test slices cut to their first ``limit`` characters
+    (the ``--quick`` check of the command; ``None``: unchanged)."""
+    if limit is None:
+        return splits
+    if int(limit) < 300:
+        raise ValueError(f"limit must be at least 300 characters (one window and more), got {limit}")
+    return Splits(splits.train, splits.validation[:int(limit)], splits.test[:int(limit)])
+
+
+def scores(models: dict, limit: int | None = None) -> dict:
     """Validation and test bpc (sliding window) of ``models`` and of the n-gram baselines.
-    This is the one place the test slice is read."""
-    splits = data()
+    This is the one place the test slice is read. ``limit``: score only the first ``limit``
+    characters of each slice (a quick check of the command, not the shipped scores)."""
+    splits = _limited(data(), limit)
     out = {"baselines": {}, "models": {}}
     for order in (1, 2, 3, 5):
         m, val = fit_ngram(order, splits)
@@ -397,7 +417,7 @@ def scores(models: dict) -> dict:
                                                  test=m.bits_per_char(splits.test.numpy()))
     for size, model in models.items():
         out["models"][size] = dict(params=sum(p.numel() for p in model.parameters()),
-                                   validation=evaluate(model, "validation"), test=evaluate(model, "test"))
+                                   validation=evaluate(model, splits.validation), test=evaluate(model, splits.test))
     return out
 
 
@@ -411,28 +431,39 @@ def long_main(out, args) -> None:  # pragma: no cover - writes prose_long.pt and
     import statistics
 
     names = args.candidates.split(",")
+    seeds = LONG_RECIPE["seeds"] if args.seeds is None else tuple(int(x) for x in args.seeds.split(","))
+    limit = args.limit
     runs, models = {}, {}
     for name in names:
-        for seed in LONG_RECIPE["seeds"]:
-            model, h = train_long(name, seed, device=args.device, time_budget=args.time_budget, log=print)
+        for seed in seeds:
+            model, h = train_long(name, seed, steps=args.steps, device=args.device, time_budget=args.time_budget,
+                                  log=print)
             runs[f"{name}_s{seed}"] = dict(best_eval=h.best_eval, best_step=h.best_step,
                                            steps=h.extra["recipe"]["steps"], eval=h.eval, eval_step=h.eval_step)
             models[(name, seed)] = (model, h)
-    means = {n: statistics.mean(runs[f"{n}_s{s}"]["best_eval"] for s in LONG_RECIPE["seeds"]) for n in names}
+    means = {n: statistics.mean(runs[f"{n}_s{s}"]["best_eval"] for s in seeds) for n in names}
     best = min(means, key=means.get)
-    save_model(Path(out) / "prose_long.pt", *models[(best, 0)])
-    chosen = {s: models[(best, s)][0] for s in LONG_RECIPE["seeds"]}
-    result = dict(candidates=runs, chosen=best, **long_scores(chosen), classical=classical_scores())
-    splits = data()
-    result["test_first_3000"] = float(bits_after(chosen[0], splits.validation, splits.test[:3000],
+    first = min(seeds)
+    save_model(Path(out) / "prose_long.pt", *models[(best, first)])
+    chosen = {s: models[(best, s)][0] for s in seeds}
+    result = dict(candidates=runs, chosen=best, **long_scores(chosen, limit=limit),
+                  classical=classical_scores(limit=limit))
+    splits = _limited(data(), limit)
+    result["test_first_3000"] = float(bits_after(chosen[first], splits.validation, splits.test[:3000],
                                                  dtype=torch.float32).mean())
-    # dynamic evaluation: the rate chosen on the first 20,000 validation characters (seed 0)
-    val = {str(lr): float(dynamic_bits(chosen[0], splits.train, splits.validation[:20_000], lr).mean())
-           for lr in (0.0,) + DYNAMIC_LRS}
+    # dynamic evaluation: the rate chosen on the first 20,000 validation characters, for every
+    # seed (each seed's own choice and the mean over seeds are stored); the test slice is coded
+    # once per seed at the rate with the lowest mean validation score
+    n_val = min(20_000, splits.validation.numel())
+    val_seeds = {str(s): {str(lr): float(dynamic_bits(m, splits.train, splits.validation[:n_val], lr).mean())
+                          for lr in (0.0,) + DYNAMIC_LRS} for s, m in chosen.items()}
+    val = {k: statistics.mean(v[k] for v in val_seeds.values()) for k in val_seeds[str(first)]}
     lr = min(DYNAMIC_LRS, key=lambda r: val[str(r)])
     tests = {str(s): float(dynamic_bits(m, splits.validation, splits.test, lr).mean()) for s, m in chosen.items()}
-    result["dynamic"] = dict(validation_chars=20_000, validation=val, lr=lr, test_seeds=tests,
-                             test=statistics.mean(tests.values()))
+    result["dynamic"] = dict(validation_chars=n_val, validation=val_seeds[str(first)], validation_seeds=val_seeds,
+                             validation_mean=val, lr=lr,
+                             lr_per_seed={s: min(DYNAMIC_LRS, key=lambda r: v[str(r)]) for s, v in val_seeds.items()},
+                             test_seeds=tests, test=statistics.mean(tests.values()))
     print(f"chosen {best}; wrote", write_json(Path(out) / "prose_long_scores.json", result))
 
 
@@ -446,15 +477,33 @@ def main(argv=None) -> None:  # pragma: no cover - the command that writes the s
         parser.add_argument("--device", default="cpu", help="cpu or cuda (the shipped runs: cuda)")
         parser.add_argument("--time-budget", type=float, default=None,
                             help="seconds per run; fixes the step count after 150 steps")
+        parser.add_argument("--steps", type=int, default=None,
+                            help="training steps per run (default: each recipe's own, or --time-budget's)")
+        parser.add_argument("--seeds", default=None, help="with --long: comma-separated seeds (default 0,1,2)")
+        parser.add_argument("--limit", type=int, default=None,
+                            help="score only the first LIMIT characters of the validation and test slices")
+        parser.add_argument("--quick", action="store_true",
+                            help="check the command end to end in minutes, not the shipped artifacts: "
+                                 "--steps 20 --limit 2000, and with --long also --seeds 0 and the chosen "
+                                 "candidate only; use with --out DIR")
 
     def run(out, args):
         from pathlib import Path
+        if args.quick:
+            if Path(out).resolve() == WEIGHTS.resolve():
+                raise ValueError("--quick writes artifacts that are not the shipped ones: give --out DIR")
+            args.steps = args.steps or 20
+            args.limit = args.limit or 2000
+            if args.long:
+                args.seeds = args.seeds or "0"
+                if args.candidates == ",".join(LONG_CANDIDATES):
+                    args.candidates = LONG_NAME
         if args.long:
             return long_main(out, args)
         models = {}
         for size in args.sizes.split(","):
             if not args.scores_only:
-                model, history = train(size, disable=False)
+                model, history = train(size, steps=args.steps, disable=False)
                 path = save(model, history, out, size)
                 print(f"prose {size}: validation bpc {history.best_eval:.3f} at step {history.best_step}; "
                       f"wrote {path}", flush=True)
@@ -462,7 +511,7 @@ def main(argv=None) -> None:  # pragma: no cover - the command that writes the s
             p = Path(out) / f"prose_{size}.pt"
             if p.exists():
                 models[size] = load_pretrained(size, p)[0]
-        path = write_json(Path(out) / "prose_scores.json", scores(models))
+        path = write_json(Path(out) / "prose_scores.json", scores(models, limit=args.limit))
         print(f"wrote {path}")
 
     cli(__doc__, run, add, argv=argv)
@@ -628,13 +677,13 @@ def load_long(path=None) -> tuple[DecoderLM, History]:
     return model, History.from_dict(blob["history"])
 
 
-def long_scores(models: dict, log=print, dtype=torch.float32) -> dict:
+def long_scores(models: dict, log=print, dtype=torch.float32, limit: int | None = None) -> dict:
     """Validation and test bits per character (every character after its preceding text,
     :func:`bits_after`; float32 by default, a fifth of a CPU-hour for three seeds; float64
     moves the fourth decimal at most) of each seed's model in ``models`` ``{seed: model}``,
     and the test bits of the first against the context length (:data:`CONTEXTS`). Reads the
-    test slice."""
-    splits = data()
+    test slice. ``limit``: only the first ``limit`` characters of each slice (a quick check)."""
+    splits = _limited(data(), limit)
     out = {"seeds": {}, "context": {}, "dtype": str(dtype)}
     for seed, model in models.items():
         v = float(bits_after(model, splits.train, splits.validation, dtype=dtype).mean())
@@ -661,16 +710,17 @@ KN_ORDERS = (4, 6, 8, 10, 12, 16)
 PPMD_ORDERS = (4, 6, 8, 10, 12, 16, 24, 32)
 
 
-def classical_scores(log=print) -> dict:
+def classical_scores(log=print, limit: int | None = None) -> dict:
     """Validation and test bits per character of the classical models, every setting chosen
     on the validation slice: interpolated Kneser-Ney and modified Kneser-Ney (order in
     :data:`KN_ORDERS`, discount scale in :data:`tfbook.ngram.SCALES`), 7-Zip's PPMd (order in
     :data:`PPMD_ORDERS`, 256 MB of model memory), and xz, bzip2, gzip at their strongest
     settings. Each codes the validation (test) slice after the training text; the n-grams are
-    counted on the training slice only. Reads the test slice."""
+    counted on the training slice only. Reads the test slice. ``limit``: code only the first
+    ``limit`` characters of each slice (a quick check of the command)."""
     from .. import ngram
 
-    s = data()
+    s = _limited(data(), limit)
     V = tokenizer().vocab_size
     tr, va, te = s.train.numpy(), s.validation.numpy(), s.test.numpy()
     out = {}
@@ -682,6 +732,8 @@ def classical_scores(log=print) -> dict:
                          test=test, search={f"{o}:{sc}": v for (o, sc), v in val.items()})
         log(f"{kind}: order {m.order} scale {m.discount_scale} val {out[kind]['validation']:.4f} test {test:.4f}")
     btr, bva, bte = text_splits()
+    if limit is not None:
+        bva, bte = bva[:int(limit)], bte[:int(limit)]
     order, val = ngram.fit_ppmd(btr, bva, PPMD_ORDERS)
     out["ppmd"] = dict(order=order, mem="256m", validation=val[order],
                        test=ngram.compressed_bits(btr, bte, "ppmd", order=order, mem="256m"),
