@@ -16,10 +16,12 @@ from exercise_harness import code, exercise_tests, variant
 CHAPTERS = ("02_attention_as_averaging", "03_why_scale", "04_self_attention", "05_multi_head_attention")
 
 
-_SELF_ATTENTION = """
-def self_attention(X, W_Q, W_K, W_V, mask=None):
-    Q, K, V = PROJECT
-    S = Q @ np.swapaxes(K, -1, -2)SCALING
+_PACKED = """
+def packed_self_attention(X, W_Q, W_K, W_V, doc):
+    Q, K, V = X @ W_Q, X @ W_K, X @ W_V
+    S = Q @ np.swapaxes(K, -1, -2) / math.sqrt(Q.shape[-1])
+    doc, T = np.asarray(doc), X.shape[-2]
+    allowed = SAME & CAUSAL
     S = BEFORE
     E = np.exp(S - S.max(axis=-1, keepdims=True))
     P = E / E.sum(axis=-1, keepdims=True)
@@ -28,11 +30,11 @@ def self_attention(X, W_Q, W_K, W_V, mask=None):
 """
 
 
-def _self_attention(**change):
+def _packed(**change):
     """Exercise 4.1's answer, with the mistake put in by replacing one of its upper-case parts."""
-    return variant(_SELF_ATTENTION, dict(PROJECT="X @ W_Q, X @ W_K, X @ W_V", SCALING=" / math.sqrt(Q.shape[-1])",
-                                         BEFORE="S if mask is None else np.where(mask, S, -np.inf)", AFTER="P"),
-                   **change)
+    return variant(_PACKED, dict(SAME="(doc[..., :, None] == doc[..., None, :])",
+                                 CAUSAL="np.tril(np.ones((T, T), dtype=bool))",
+                                 BEFORE="np.where(allowed, S, -np.inf)", AFTER="P"), **change)
 
 
 _PRUNE = """
@@ -141,13 +143,11 @@ MISTAKES: dict[str, dict[str, dict[str, tuple[str, str]]]] = {
     },
     "04_self_attention": {
         "ex4-1-self-attention-tests": {
-            "scores not scaled": (_self_attention(SCALING=""), "without the 1/sqrt(D_K) factor"),
-            "weights transposed": (_self_attention(PROJECT="X @ W_Q.T, X @ W_K.T, X @ W_V.T"),
-                                   "the weights are transposed"),
-            "mask after the softmax": (_self_attention(BEFORE="S", AFTER="P if mask is None else P * mask"),
-                                       "the mask was applied after the softmax"),
-            "float64 scale promotes float32": (_self_attention(SCALING=" / np.sqrt(Q.shape[-1])"),
-                                               "promotes the result"),
+            "documents ignored (causal only)": (_packed(SAME="True"), "attended to the documents packed before it"),
+            "not causal (documents only)": (_packed(CAUSAL="True"), "attended to later tokens of its own document"),
+            "mask after the softmax": (_packed(BEFORE="S", AFTER="P * allowed"), "zeroed after the softmax"),
+            "no batch axis in the comparison": (_packed(SAME="(doc[:, None] == doc[None, :])"),
+                                                "with a batch axis, compare doc[..., :, None]"),
         },
         "ex4-3-book-weights-tests": {
             "no transpose": (code("""

@@ -2,9 +2,10 @@
 
 HIDDEN = {
     "ex4-1-self-attention-tests": {
-        "A": "a batch with a boolean mask and D_K different from D_V",
-        "B": "masked positions must get a weight of exactly 0 (set their scores to -inf before the softmax)",
-        "C": "wrong dtype: float32 inputs must give float32 Z and P",
+        "A": "a batch of rows packed in other ways (documents of one token, one document filling the row, "
+             "ids in no order) and D_K different from D_V",
+        "B": "forbidden pairs must get a weight of exactly 0 (set their scores to -inf before the softmax)",
+        "C": "one row without a batch axis",
         "D": "overflow at large inputs: large scores must not give NaN; subtract the row max before exp",
     },
     "ex4-2-prediction-tests": {"E": "the predicted weight"},
