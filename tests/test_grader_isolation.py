@@ -20,11 +20,11 @@ import nbformat
 import numpy as np
 import pytest
 from conftest import processes_with
+from grader_release import released_chapters
 
 from tfbook.course import (
     demo as course_demo,
     grade as course_grade,
-    release as course_release,
     sandbox as course_sandbox,
     wire as course_wire,
 )
@@ -39,7 +39,7 @@ MASTER = ROOT / "notebooks" / f"{CH0}.ipynb"
 @pytest.mark.skipif(not MASTER.exists(), reason="chapter 0 not written yet")
 def test_attacks_succeed_without_the_sandbox(tmp_path):
     tag = uuid.uuid4().hex[:12]
-    rel = course_release.release([MASTER], out=tmp_path / "rel", verbose=False)
+    rel = released_chapters()
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(16)
@@ -237,6 +237,47 @@ def test_each_sandbox_has_its_own_user_and_budget():
             s = slots.all[0]
             assert set(s.groups) == set(slots.cgroups)
             assert all(g.is_dir() for g in s.groups.values())
+            # a sandbox's leftovers (a fork bomb's children) are gone before the slot is reused
+            import subprocess
+            import sys
+
+            kids = [subprocess.Popen([sys.executable, "-c", "import os, time\nfor _ in range(20):\n"
+                                      "    os.fork() or time.sleep(60)\ntime.sleep(60)"], preexec_fn=s.enter)
+                    for _ in range(2)]
+            import time
+
+            time.sleep(2)
+            where = next(iter(s.groups.values()))
+            assert (where / "cgroup.procs").read_text().split()  # the check can fail
+            s.kill_all()
+            assert (where / "cgroup.procs").read_text().split() == []
+            for k in kids:
+                k.wait()
     finally:
         slots.remove()
     assert not any(g.exists() for s in slots.all for g in s.groups.values())
+
+
+def test_a_grader_fault_is_retried_once_and_logged(tmp_path, monkeypatch):
+    """An exception in the grader itself (not the student's doing: a fork refused on a loaded
+    machine, a judge restarting) gets one fresh try; its traceback goes to the instructor's log."""
+    for student in ("ada", "ben"):
+        (tmp_path / "subs" / student / CH0).mkdir(parents=True)
+        (tmp_path / "subs" / student / CH0 / f"{CH0}.ipynb").write_bytes(MASTER.read_bytes())
+    calls = []
+
+    def flaky(row, path, plan, judge, work, **kw):
+        calls.append(row.student)
+        if calls.count(row.student) == 1 or row.student == "ben":
+            raise KeyError("the grader's own fault")
+        row.score, row.status, row.reason = 7.0, "graded", ""
+
+    monkeypatch.setattr(course_grade, "grade_one", flaky)
+    rows = {r.student: r for r in course_grade.grade(tmp_path / "subs", out=tmp_path / "out", verbose=False,
+                                                     use_sandbox=False, jobs=2)}
+    assert sorted(calls) == ["ada", "ada", "ben", "ben"]  # one retry each, no more
+    assert (rows["ada"].score, rows["ada"].status) == (7.0, "graded")
+    assert (rows["ben"].score, rows["ben"].status) == (0.0, "error")
+    assert "grader: KeyError (see the log)" in rows["ben"].reason
+    faults = sorted((tmp_path / "out" / "logs").glob("*.grader-fault.log"))
+    assert len(faults) == 3 and all("the grader's own fault" in f.read_text() for f in faults)

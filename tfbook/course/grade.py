@@ -714,6 +714,18 @@ def grade_one(row: Row, path: Path, plan, judge: JudgeProxy, work: Path, *, time
     row.reason = "; ".join(parts)
 
 
+def _log_fault(logs: Path, row: Row, n: int) -> None:
+    """The grader's own traceback (not the student's output) into the instructor's log."""
+    import traceback
+
+    try:
+        logs.mkdir(parents=True, exist_ok=True)
+        with open(logs / (_log_name(row, n)[:-4] + ".grader-fault.log"), "w", encoding="utf-8") as f:
+            f.write(traceback.format_exc())
+    except OSError:
+        pass
+
+
 def _log_name(row, n: int) -> str:
     """A log file name for any student name (long, odd, dotted): a readable prefix and a hash."""
     import hashlib
@@ -1003,12 +1015,20 @@ def grade(submissions: Path, out: Path = ROOT / "_build" / "grades", timeout: fl
                 k, (row, path, note, data) = k_item
                 slot = slots.acquire() if slots is not None else None
                 try:
-                    grade_one(row, path, plans[row.assignment], judge_for(row.assignment),
-                              Path(tmp) / f"job{k}", timeout=timeout, total_timeout=total_timeout,
-                              use_bwrap=use_bwrap, limits=limits, nproc=nproc, logs=logs, note=note,
-                              slot=slot, data=data)
-                except Exception as exc:  # noqa: BLE001  (one broken submission never stops the batch)
-                    row.status, row.reason = "error", f"grader: {judge_mod.error_name(type(exc).__name__)}"
+                    for n in (1, 2):  # a grader fault (not the student's) gets one fresh try
+                        try:
+                            grade_one(row, path, plans[row.assignment], judge_for(row.assignment),
+                                      Path(tmp) / f"job{k}", timeout=timeout, total_timeout=total_timeout,
+                                      use_bwrap=use_bwrap, limits=limits, nproc=nproc, logs=logs, note=note,
+                                      slot=slot, data=data)
+                            break
+                        except Exception as exc:  # noqa: BLE001  (one broken submission never stops the batch)
+                            _log_fault(logs, row, n)
+                            row.score, row.status, row.reason = 0.0, "error", \
+                                f"grader: {judge_mod.error_name(type(exc).__name__)} (see the log)"
+                            row.exercises, row.cells = [], {}
+                            if slot is not None:
+                                slot.kill_all()
                 finally:
                     if slots is not None:
                         slots.release(slot)

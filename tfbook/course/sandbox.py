@@ -352,18 +352,29 @@ class Slot:
                 continue
         return None
 
-    def kill_all(self) -> None:
-        """Every process left in the slot's groups (a sandbox's leftovers) is killed."""
-        for where in self.groups.values():
-            try:
-                pids = [int(x) for x in (where / "cgroup.procs").read_text().split()]
-            except (OSError, ValueError):
-                continue
-            for pid in pids:
+    def kill_all(self, wait: float = 10.0) -> None:
+        """Every process left in the slot's groups (a sandbox's leftovers) is killed, and waited
+        for (up to ``wait`` seconds): a fork bomb's dying processes still count against the
+        slot's process limit, and the next submission in this slot must not inherit them."""
+        import time
+
+        deadline = time.monotonic() + wait
+        while True:
+            left = 0
+            for where in self.groups.values():
                 try:
-                    os.kill(pid, 9)
-                except OSError:
-                    pass
+                    pids = [int(x) for x in (where / "cgroup.procs").read_text().split()]
+                except (OSError, ValueError):
+                    continue
+                left += len(pids)
+                for pid in pids:
+                    try:
+                        os.kill(pid, 9)
+                    except OSError:
+                        pass
+            if not left or time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
 
     def remove(self) -> None:
         self.kill_all()
