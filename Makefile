@@ -103,6 +103,19 @@ test: $(STAMP) chromium bwrap sevenzip
 test-profile-b: $(STAMP) sevenzip
 	$(PROFILE_B) PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -p no:cacheprovider $(NBVAL_FLAGS) notebooks
 
+# A reader's install, tried: a fresh venv made only from `pip install "tfbook[book]"` (a wheel of
+# this checkout, dependencies from the package registry: needs the network, several GB, minutes)
+# runs chapters 3, 11 and 13 under nbval (tests/test_fresh_env.py; make test skips it, offline).
+# FRESH_ENV_CHAPTERS="03 11 13" picks others; FRESH_ENV_KEEP=DIR keeps the environment and report
+# (FRESH_ENV_REUSE=1 reuses a kept one); FRESH_ENV_REF=HEAD tests a commit, not the working tree.
+.PHONY: fresh-env-check
+fresh-env-check: $(STAMP)
+	TFBOOK_FRESH_ENV=1 $(if $(FRESH_ENV_CHAPTERS),TFBOOK_FRESH_ENV_CHAPTERS="$(FRESH_ENV_CHAPTERS)") \
+	  $(if $(FRESH_ENV_KEEP),TFBOOK_FRESH_ENV_KEEP="$(FRESH_ENV_KEEP)") \
+	  $(if $(FRESH_ENV_REUSE),TFBOOK_FRESH_ENV_REUSE="$(FRESH_ENV_REUSE)") \
+	  $(if $(FRESH_ENV_REF),TFBOOK_FRESH_ENV_REF="$(FRESH_ENV_REF)") \
+	  $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/test_fresh_env.py::test_fresh_book_install_runs_chapters_clean
+
 # ---- graded exercises (see the README, "Graded exercises") -------------------------
 #   make release                          student notebooks into _build/release/<chapter>/
 #   make grade SUBMISSIONS=path/to/folder [TIMEOUT=60] [JOBS=<cores>] [SHARD=k/N]
