@@ -18,6 +18,7 @@ from tfbook.torch import functional as TF
 from conftest import random_decoder_params, random_encoder_params, random_ffn_params, random_mha_params
 
 import error_cases_training
+import test_experts
 import test_modern_functions
 
 ATOL = 1e-12  # float64 round-off (different summation orders in NumPy and torch)
@@ -155,6 +156,7 @@ def _cases():
     # the training and modern-decoder chapters keep their cases next to their error cases
     C.update(error_cases_training.PARITY_CASES)
     C.update(test_modern_functions.PARITY_CASES)
+    C.update(test_experts.PARITY_CASES)
     return C
 
 
@@ -173,6 +175,14 @@ def _to_torch(obj, device):
 
 
 def _assert_same(a_np, a_t):
+    if isinstance(a_np, dict):  # chapter 19's routing record
+        assert isinstance(a_t, dict) and set(a_np) == set(a_t)
+        for k in a_np:
+            _assert_same(a_np[k], a_t[k])
+        return
+    if isinstance(a_np, (int, np.integer)) and not isinstance(a_np, np.ndarray):  # a count
+        assert int(a_np) == int(a_t)
+        return
     if isinstance(a_np, tuple):
         assert isinstance(a_t, tuple) and len(a_np) == len(a_t)
         for x, y in zip(a_np, a_t):
@@ -204,7 +214,8 @@ def test_numpy_equals_torch(name, i, seed, device):
         torch_extra = {**torch_extra, "device": device}
     out_t = getattr(TF, _twin(name))(*_to_torch(args, device), **_to_torch(kwargs, device), **torch_extra)
     for o in out_t if isinstance(out_t, tuple) else (out_t,):
-        assert o.device.type == device.type  # runs where its inputs live
+        if isinstance(o, torch.Tensor):  # (a count or a routing record is not a tensor)
+            assert o.device.type == device.type  # runs where its inputs live
     _assert_same(out_np, out_t)
 
 

@@ -17,7 +17,7 @@ __all__ = list(_functional_all)
 # The classes live in files written separately. Re-export them when present, but
 # never hide a real import error from inside an existing file: only "this very
 # submodule does not exist" is tolerated.
-for _sub in ("modules", "models", "training", "optim", "modern"):
+for _sub in ("modules", "models", "training", "optim", "modern", "experts"):
     try:
         _mod = _importlib.import_module(f"{__name__}.{_sub}")
     except ImportError as e:  # pragma: no cover - only while the file does not exist

@@ -11,7 +11,7 @@ masked query row gives zeros, not NaN.
 
 from __future__ import annotations
 
-from . import attention, blocks, efficient, heads, modern, norms, positions, serving, training, vision
+from . import attention, blocks, efficient, experts, heads, modern, norms, positions, serving, training, vision
 from ._common import _common_dtype, _float, _tensor  # noqa: F401  (used by the modules and models)
 from .heads import _attend, _multi_head_attention  # noqa: F401
 
@@ -19,7 +19,7 @@ from .heads import _attend, _multi_head_attention  # noqa: F401
 # reached by their module (``tfbook.numpy.positions.alibi_bias``).
 _MODULE_ONLY = ("tubelets",)
 
-_TOPICS = (attention, heads, positions, norms, blocks, vision, efficient, training, modern, serving)  # the book's order
+_TOPICS = (attention, heads, positions, norms, blocks, vision, efficient, training, modern, experts, serving)  # the book's order
 #: every public function of the topic modules
 __all__ = [_n for _m in _TOPICS for _n in _m.__all__ if _n not in _MODULE_ONLY]
 globals().update({_n: getattr(_m, _n) for _m in _TOPICS for _n in _m.__all__ if _n not in _MODULE_ONLY})

@@ -1,0 +1,326 @@
+"""NumPy components of mixture-of-experts layers and low-rank adaptation (chapter 19),
+re-exported by :mod:`tfbook.numpy`.
+
+A mixture-of-experts (MoE) layer replaces the MLP of a block by ``E`` MLPs (the *experts*,
+here SwiGLU MLPs as in Mixtral) and a *router* ``W_router (D, E)`` that sends each token to
+``k`` of them:
+
+* :func:`top_k_router`: ``probs = softmax(X W_router)`` over the experts, the ``k`` largest
+  kept and renormalised to sum to one (Mixtral's rule);
+* :func:`moe`: the sparse layer, each expert applied only to the tokens sent to it, with an
+  optional capacity (at most ``C`` tokens per expert, :func:`expert_capacity`; the rest are
+  *dropped* and counted) and an optional shared expert that every token passes (DeepSeek);
+* :func:`moe_dense`: the same layer computed densely, every expert on every token, the
+  unchosen ones multiplied by a zero gate: the reference the sparse layer is checked against;
+* :func:`load_balancing_loss`: the auxiliary loss of Switch / GShard (as Hugging Face's
+  Mixtral computes it), ``E * sum_e f_e * pbar_e``.
+
+Low-rank adaptation (LoRA) adds a trainable product of two thin matrices to a frozen weight:
+:func:`lora_linear` computes ``X W + (alpha / r) (X A) B`` with ``A (D_in, r)``,
+``B (r, D_out)``; :func:`lora_merge` folds the product into the weight,
+``W + (alpha / r) A B``. (In the LoRA paper's column-vector notation the update is ``B A``;
+with the book's row vectors it is its transpose, ``A B``: ``A`` goes down to rank ``r``,
+``B`` comes back up, and ``B`` starts at zero.)
+
+Conventions of :mod:`tfbook.numpy`: row vectors, dtypes preserved, bad input raises
+``ValueError`` naming the argument and showing the shapes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import _validate as _v
+from ._common import _as_float
+from .attention import softmax
+from .modern import _check_swiglu_params, swiglu
+
+__all__ = [
+    "top_k_router",
+    "load_balancing_loss",
+    "expert_capacity",
+    "moe",
+    "moe_dense",
+    "lora_linear",
+    "lora_merge",
+]
+
+
+# ---------------------------------------------------------------------------
+# Checks shared with the PyTorch twins
+# ---------------------------------------------------------------------------
+
+
+def _check_router(X, W_router, k):
+    _v.check_ndim("X", X, 1, what="(..., D)")
+    _v.check_ndim("W_router", W_router, 2, 2, what="(D, E)")
+    D, E = int(W_router.shape[0]), int(W_router.shape[1])
+    if X.shape[-1] != D:
+        raise ValueError(f"X has D={int(X.shape[-1])} but W_router has D={D} "
+                         f"(X: {_v.shape_of(X)}, W_router: {_v.shape_of(W_router)})")
+    k = _v.check_positive_int("k", k)
+    if k > E:
+        raise ValueError(f"k={k} exceeds the number of experts E={E} (W_router: {_v.shape_of(W_router)})")
+    return k, E
+
+
+def _check_moe_params(X, params, k):
+    """``params``: ``W_router (D, E)``, ``experts`` (E SwiGLU dicts), optional ``shared`` (a SwiGLU dict or None)."""
+    _v.check_params("params", params, ("W_router", "experts"))
+    k, E = _check_router(X, params["W_router"], k)
+    experts = params["experts"]
+    if not isinstance(experts, (list, tuple)) or len(experts) != E:
+        n = len(experts) if isinstance(experts, (list, tuple)) else type(experts).__name__
+        raise ValueError(f"params['experts'] must be a list of E={E} SwiGLU dicts (one per column of "
+                         f"W_router {_v.shape_of(params['W_router'])}), got {n}")
+    for e, p in enumerate(experts):
+        _check_swiglu_params(p, X.shape[-1], f"params['experts'][{e}]")
+    if params.get("shared") is not None:
+        _check_swiglu_params(params["shared"], X.shape[-1], "params['shared']")
+    return k, E
+
+
+def _check_capacity_factor(capacity_factor):
+    if capacity_factor is None:
+        return None
+    if isinstance(capacity_factor, bool) or not isinstance(capacity_factor, (int, float)) or not capacity_factor > 0:
+        raise ValueError(f"capacity_factor must be a number > 0 or None, got {capacity_factor!r}")
+    return float(capacity_factor)
+
+
+def _check_balance(probs, experts):
+    _v.check_ndim("probs", probs, 1, what="(..., E)")
+    _v.check_ndim("experts", experts, 1, what="(..., k)")
+    if _v.shape_of(probs)[:-1] != _v.shape_of(experts)[:-1]:
+        raise ValueError(f"probs and experts must have the same leading (token) axes "
+                         f"(probs: {_v.shape_of(probs)}, experts: {_v.shape_of(experts)})")
+    E = int(probs.shape[-1])
+    if experts.shape[-1] > E:
+        raise ValueError(f"experts has k={int(experts.shape[-1])} choices per token but probs has only E={E} "
+                         f"experts (probs: {_v.shape_of(probs)}, experts: {_v.shape_of(experts)})")
+    return E
+
+
+def _check_lora(X, W, A, B, alpha, x_name="X"):
+    if X is not None:
+        _v.check_ndim(x_name, X, 1, what="(..., D_in)")
+    _v.check_ndim("W", W, 2, 2, what="(D_in, D_out)")
+    D_in, D_out = int(W.shape[0]), int(W.shape[1])
+    _v.check_ndim("A", A, 2, 2, what="(D_in, r)")
+    _v.check_ndim("B", B, 2, 2, what="(r, D_out)")
+    shapes = f"(W: {_v.shape_of(W)}, A: {_v.shape_of(A)}, B: {_v.shape_of(B)})"
+    if int(A.shape[0]) != D_in:
+        raise ValueError(f"A must have shape (D_in, r) with D_in={D_in} rows, like W {shapes}")
+    r = int(A.shape[1])
+    if r < 1 or _v.shape_of(B) != (r, D_out):
+        raise ValueError(f"B must have shape (r, D_out) = ({r}, {D_out}) {shapes}")
+    if X is not None and int(X.shape[-1]) != D_in:
+        raise ValueError(f"{x_name} has last axis {int(X.shape[-1])} but W has D_in={D_in} "
+                         f"({x_name}: {_v.shape_of(X)}, W: {_v.shape_of(W)})")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
+        raise ValueError(f"alpha must be a finite number, got {alpha!r}")
+    return r
+
+
+# ---------------------------------------------------------------------------
+# The router and its auxiliary loss
+# ---------------------------------------------------------------------------
+
+
+def top_k_router(X, W_router, k):
+    """Mixtral's router: a softmax over the ``E`` experts, the ``k`` most probable kept and
+    their probabilities renormalised to sum to one.
+
+    Parameters
+    ----------
+    X : (..., D) ndarray
+        Tokens (any leading axes).
+    W_router : (D, E) ndarray
+        One column of router weights per expert.
+    k : int
+        Experts per token, ``1 <= k <= E``.
+
+    Returns
+    -------
+    weights : (..., k) ndarray
+        The gates of the chosen experts, ``probs[e_j] / sum_j' probs[e_j']``; each row sums to one.
+    experts : (..., k) int64 ndarray
+        The chosen experts, most probable first.
+    probs : (..., E) ndarray
+        ``softmax(X W_router)``, the full distribution (the balance loss needs it).
+    """
+    X = _as_float(X, "X")
+    W_router = _as_float(W_router, "W_router")
+    k, _ = _check_router(X, W_router, k)
+    probs = softmax(X @ W_router, axis=-1)  # (..., E)
+    experts = np.argsort(-probs, axis=-1, kind="stable")[..., :k]  # (..., k), most probable first
+    top = np.take_along_axis(probs, experts, axis=-1)  # (..., k)
+    weights = top / top.sum(axis=-1, keepdims=True)
+    return weights.astype(probs.dtype, copy=False), experts.astype(np.int64), probs
+
+
+def load_balancing_loss(probs, experts):
+    """The auxiliary balance loss of Switch Transformer / GShard, in Mixtral's form:
+    ``E * sum_e f_e * pbar_e``.
+
+    ``f_e`` is the fraction of tokens that send one of their ``k`` choices to expert ``e``
+    (so ``sum_e f_e = k``) and ``pbar_e`` the mean router probability of ``e``. Uniform
+    routing gives ``k``, its minimum over routings whose ``pbar`` follows ``f``; sending
+    every token to the same experts gives up to ``E`` times more. ``f`` is a count and has no
+    gradient; the loss trains the router through ``pbar``.
+
+    Parameters
+    ----------
+    probs : (..., E) ndarray
+        The router's softmax (:func:`top_k_router`'s third output).
+    experts : (..., k) int ndarray
+        The chosen experts.
+
+    Returns
+    -------
+    float ndarray of shape ()
+    """
+    probs = _as_float(probs, "probs")
+    experts = np.asarray(experts)
+    E = _check_balance(probs, experts)
+    if experts.dtype.kind not in "iu":
+        raise ValueError(f"experts must be integer expert ids, got dtype {experts.dtype} (shape {experts.shape})")
+    P2 = probs.reshape(-1, E)  # (N, E)
+    N = P2.shape[0]
+    f = np.bincount(experts.reshape(-1), minlength=E)[:E] / N  # (E,), sums to k
+    pbar = P2.mean(axis=0)  # (E,)
+    return np.asarray(E * np.sum(f * pbar), dtype=probs.dtype)
+
+
+def expert_capacity(num_tokens, num_experts, k, capacity_factor):
+    """The most tokens one expert accepts: ``ceil(capacity_factor * k * N / E)``.
+
+    ``k N / E`` is each expert's share if routing were perfectly even; the capacity factor
+    (1.0 to 1.25 in Switch Transformer) leaves room for unevenness. Assignments beyond it are
+    dropped: the token skips that expert (the residual connection carries it on).
+    """
+    N = _v.check_positive_int("num_tokens", num_tokens)
+    E = _v.check_positive_int("num_experts", num_experts)
+    k = _v.check_positive_int("k", k)
+    if k > E:
+        raise ValueError(f"k={k} exceeds num_experts={E}")
+    cf = _check_capacity_factor(capacity_factor)
+    if cf is None:
+        raise ValueError("capacity_factor must be a number > 0, got None")
+    return int(math.ceil(cf * k * N / E - 1e-9))  # the tolerance keeps 1.25 * 2 * 64 / 8 = 20 an exact 20
+
+
+def _keep(experts2, E, C):
+    """Which assignments of ``experts2 (N, k)`` fit within capacity ``C``: choices of rank 0
+    first (in token order), then rank 1, ..., as in GShard (a token's second expert has lower
+    priority than any token's first)."""
+    N, k = experts2.shape
+    flat = experts2.T.reshape(-1)  # (k N,): rank-major order
+    onehot = np.zeros((flat.size, E), dtype=np.int64)
+    onehot[np.arange(flat.size), flat] = 1
+    position = (np.cumsum(onehot, axis=0) - 1)[np.arange(flat.size), flat]  # place in its expert's queue
+    return (position < C).reshape(k, N).T  # (N, k)
+
+
+# ---------------------------------------------------------------------------
+# The layer, sparse and dense
+# ---------------------------------------------------------------------------
+
+
+def moe(X, params, k, capacity_factor=None):
+    """A mixture-of-experts layer: each token goes to the ``k`` experts its router chooses,
+    with gate weights summing to one; optional capacity and shared expert.
+
+    ``Y[n] = sum_j kept[n, j] * weights[n, j] * expert_{experts[n, j]}(X[n]) + shared(X[n])``.
+    Each expert is applied only to its tokens (a gather, the SwiGLU, a scatter-add).
+
+    Parameters
+    ----------
+    X : (..., D) ndarray
+    params : dict
+        ``W_router (D, E)``; ``experts``: a list of ``E`` SwiGLU dicts
+        (``W_gate (D, D_ff)``, ``W_up (D, D_ff)``, ``W_down (D_ff, D)``); optionally
+        ``shared``: a SwiGLU dict applied to every token with weight one (or None).
+    k : int
+        Experts per token.
+    capacity_factor : float or None
+        None: no capacity (every assignment is computed, "dropless", as Mixtral). Otherwise
+        each expert takes at most :func:`expert_capacity` ``(N, E, k, capacity_factor)``
+        assignments of the ``N`` tokens of ``X`` (all leading axes together), the first
+        choices first; the others are dropped.
+
+    Returns
+    -------
+    Y : (..., D) ndarray
+    routing : dict
+        ``weights (..., k)``, ``experts (..., k)``, ``probs (..., E)`` (from
+        :func:`top_k_router`), ``kept (..., k)`` bool, ``load (E,)`` assignments each expert
+        computed, ``dropped`` the number of assignments dropped.
+    """
+    X = _as_float(X, "X")
+    k, E = _check_moe_params(X, params, k)
+    cf = _check_capacity_factor(capacity_factor)
+    weights, experts, probs = top_k_router(X, params["W_router"], k)
+    D = X.shape[-1]
+    X2, w2, e2 = X.reshape(-1, D), weights.reshape(-1, k), experts.reshape(-1, k)  # (N, D), (N, k), (N, k)
+    N = X2.shape[0]
+    kept = np.ones((N, k), dtype=bool) if cf is None else _keep(e2, E, expert_capacity(N, E, k, cf))
+    Y = np.zeros_like(X2)
+    for e in range(E):
+        rows, slot = np.nonzero((e2 == e) & kept)  # tokens sent to e, and which of their k choices
+        if rows.size:
+            out = swiglu(X2[rows], params["experts"][e])  # (n_e, D)
+            np.add.at(Y, rows, w2[rows, slot][:, None] * out)
+    if params.get("shared") is not None:
+        Y = Y + swiglu(X2, params["shared"])
+    load = np.bincount(e2[kept], minlength=E)
+    routing = dict(weights=weights, experts=experts, probs=probs, kept=kept.reshape(experts.shape),
+                   load=load, dropped=int(N * k - kept.sum()))
+    return Y.reshape(X.shape).astype(X.dtype, copy=False), routing
+
+
+def moe_dense(X, params, k):
+    """The mixture-of-experts layer computed densely: every expert on every token, then
+    ``Y = sum_e G[:, e] * expert_e(X)`` with the gate matrix ``G (..., E)`` that holds the
+    renormalised weight of each chosen expert and zero elsewhere (plus the shared expert).
+
+    ``E / k`` times the expert FLOPs of :func:`moe` and the same output (without capacity):
+    the reference the sparse layer is checked against.
+    """
+    X = _as_float(X, "X")
+    k, E = _check_moe_params(X, params, k)
+    weights, experts, _ = top_k_router(X, params["W_router"], k)
+    G = np.zeros(X.shape[:-1] + (E,), dtype=X.dtype)  # (..., E) gates, zero for unchosen experts
+    np.put_along_axis(G, experts, weights, axis=-1)
+    Y = sum(G[..., e:e + 1] * swiglu(X, params["experts"][e]) for e in range(E))
+    if params.get("shared") is not None:
+        Y = Y + swiglu(X, params["shared"])
+    return np.asarray(Y).astype(X.dtype, copy=False)
+
+
+# ---------------------------------------------------------------------------
+# Low-rank adaptation
+# ---------------------------------------------------------------------------
+
+
+def lora_linear(X, W, A, B, alpha):
+    """A LoRA-adapted linear map: ``X W + (alpha / r) (X A) B``.
+
+    ``W (D_in, D_out)`` is frozen; only ``A (D_in, r)`` and ``B (r, D_out)`` are trained:
+    ``r (D_in + D_out)`` numbers instead of ``D_in D_out``. ``(X A) B`` costs
+    ``2 r (D_in + D_out)`` FLOPs per token and never forms the ``D_in x D_out`` product.
+    """
+    X = _as_float(X, "X")
+    W, A, B = _as_float(W, "W"), _as_float(A, "A"), _as_float(B, "B")
+    r = _check_lora(X, W, A, B, alpha)
+    return (X @ W + (alpha / r) * ((X @ A) @ B)).astype(X.dtype, copy=False)
+
+
+def lora_merge(W, A, B, alpha):
+    """The merged weight ``W + (alpha / r) A B``: after merging, the adapted layer costs what
+    the original did, and ``X @ lora_merge(W, A, B, alpha)`` equals :func:`lora_linear`."""
+    W, A, B = _as_float(W, "W"), _as_float(A, "A"), _as_float(B, "B")
+    r = _check_lora(None, W, A, B, alpha)
+    return (W + (alpha / r) * (A @ B)).astype(W.dtype, copy=False)
