@@ -11,12 +11,16 @@ from __future__ import annotations
 import base64
 import functools
 import gzip
+import html as html_lib
 import json
+import os
+import re
 import shutil
 import subprocess
 import tempfile
 import threading
 import time
+import urllib.parse
 import urllib.request
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -28,7 +32,7 @@ import websocket
 from websocket import WebSocketTimeoutException
 
 ROOT = Path(__file__).resolve().parents[1]
-SITE = ROOT / "_build" / "html"
+SITE = Path(os.environ.get("TFBOOK_SITE", ROOT / "_build" / "html"))  # TFBOOK_SITE: another build
 SHOTS = ROOT / "_build" / "screenshots"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = [
@@ -46,11 +50,14 @@ PHONE = {"width": 390, "height": 844, "deviceScaleFactor": 1, "mobile": True}
 # with text gzip-compressed by the test server as by any real host (_QuietHandler). The
 # table also shows the uncompressed bytes; those are not held to the limit.
 PAGE_WEIGHT_LIMIT = 1_500_000
-# An output figure on a phone is shown at >= 75 % of its natural width: matplotlib's 10 pt
-# labels at 100 dpi are 13.9 px tall, so they stay >= 10.4 px (shrunk to a 358 px column the
-# widest figures had 5 px labels). The CSS shows them at 100 %.
+# An output figure on a phone is legible when shown at >= 75 % of its natural width
+# (matplotlib's 10 pt labels at 100 dpi are 13.9 px tall, so they stay >= 10.4 px; shrunk to a
+# 358 px column the widest figures have 5 px labels). Figures fit the column at every width; one
+# shown smaller than this on a phone must open, tapped, in a full view (tfbook-figures.js) that
+# shows all of it on the screen at >= this scale.
 LEGIBLE_SCALE = 0.75
 WEIGHTS: dict[str, dict[str, int]] = {}  # page -> resource type -> bytes, for the table
+FULL_VIEWS: dict[str, list] = {}  # page -> the scale of each figure's full view at 390 px
 
 # Text nodes outside code and outside rendered math that still hold TeX delimiters,
 # and .math elements that MathJax did not replace: both mean math was left raw.
@@ -82,14 +89,17 @@ RAW_MATH_JS = r"""
   });
 })()
 """
-# At the current viewport: what a reader cannot see. A displayed equation (its mjx-math) or
-# an output figure must either lie inside the article column, or sit in a box that lies in
-# the column, scrolls horizontally (overflow-x auto/scroll and wider content) and paints the
-# scroll cue: the scroll-shadow gradients of book/theme/static/tfbook.css (the test checks the
-# computed style, not pixels; headless Chromium hides scrollbars, so the shadow is the cue).
-# The visible part of an equation must not run under its number "(N)". The page itself must
-# not scroll sideways. Figures: shown at >= LEGIBLE_SCALE of their natural width (phone only).
-# 1 px of slack everywhere for sub-pixel rounding.
+# At the current viewport: what a reader cannot see. A displayed equation (its mjx-math) must
+# either lie inside the article column, or sit in a box that lies in the column, scrolls
+# horizontally (overflow-x auto/scroll and wider content) and paints the scroll cue: the
+# scroll-shadow gradients of book/theme/static/tfbook.css (the test checks the computed style,
+# not pixels; headless Chromium hides scrollbars, so the shadow is the cue). The visible part of
+# an equation must not run under its number "(N)". An output figure must lie inside the column
+# whole (no scroll box: a phone showed 39 % of a wide one); shown below `legibleScale` of its
+# natural width it must be a full-view button (`small` lists those; FULL_VIEW_JS opens them).
+# Every output figure needs an alt text that says what it shows: not empty, not a file name,
+# at least three words. The page itself must not scroll sideways. 1 px of slack everywhere
+# for sub-pixel rounding.
 LAYOUT_JS = r"""
 ((legibleScale) => {
   const article = document.querySelector('article.bd-article') || document.body;
@@ -126,19 +136,56 @@ LAYOUT_JS = r"""
     }
     if (bad) equations.push(c.textContent.slice(0, 40) + ': ' + bad);
   }
-  const figures = [];
+  const figures = [], small = [], alts = [];
+  const name = img => img.src.split('/').pop().slice(0, 12);
   for (const img of document.querySelectorAll('.cell_output img')) {
-    if (!img.naturalWidth) { figures.push(img.src.split('/').pop() + ': not loaded'); continue; }
-    let bad = why(img, img);
-    const scale = img.getBoundingClientRect().width / img.naturalWidth;
-    if (!bad && legibleScale && scale < legibleScale - 0.005)
-      bad = `shown at ${Math.round(scale * 100)} % of its ${img.naturalWidth} px`;
-    if (bad) figures.push(img.src.split('/').pop().slice(0, 12) + ': ' + bad);
+    const alt = (img.getAttribute('alt') || '').trim();
+    if (!alt || /\.(png|jpe?g|svg|gif)\b|\/_images\//i.test(alt) || alt.split(/\s+/).length < 3)
+      alts.push(`${name(img)}: alt ${JSON.stringify(alt.slice(0, 60))}`);
+    if (!img.naturalWidth) { figures.push(name(img) + ': not loaded'); continue; }
+    const r = img.getBoundingClientRect();
+    let bad = inCol(r) ? null : `${Math.round(r.width)} px wide, column ${Math.round(col.width)} px`;
+    if (!bad && scrollBox(img)) bad = 'in a box that scrolls sideways';
+    const scale = r.width / img.naturalWidth;
+    if (!bad && legibleScale && scale < legibleScale - 0.005) {
+      if (img.closest('button.tfbook-figure')) small.push(img.src);
+      else bad = `shown at ${Math.round(scale * 100)} % of its ${img.naturalWidth} px, no full view`;
+    }
+    if (bad) figures.push(name(img) + ': ' + bad);
   }
-  return JSON.stringify({equations, figures,
+  return JSON.stringify({equations, figures, small, alts,
     // against the layout width asked for (clientWidth), not innerWidth: a phone that zooms a too-wide
     // page out to fit widens innerWidth with it, and the page then reads smaller, not sideways
     pageOverflow: document.documentElement.scrollWidth - document.documentElement.clientWidth});
+})
+"""
+# Opens each figure listed (by src) in its full view, as a tap would (the button's click), and
+# measures the shown image: all of it inside the viewport, at >= legibleScale of its natural size
+# (the area's ratio, so a figure turned a quarter turn measures the same). Closes the view.
+FULL_VIEW_JS = r"""
+(async (srcs, legibleScale) => {
+  const bad = [], seen = [];
+  const frame = () => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)));
+  for (const src of srcs) {
+    const img = [...document.querySelectorAll('button.tfbook-figure img')].find(i => i.src === src);
+    img.closest('button').click();
+    const dialog = document.querySelector('dialog.tfbook-figure-view');
+    const big = dialog && dialog.querySelector('img');
+    for (let k = 0; k < 100 && !(big && big.complete && big.naturalWidth && big.style.width); k++) await frame();
+    await frame();
+    const name = src.split('/').pop().slice(0, 12);
+    if (!dialog || !dialog.open) { bad.push(name + ': no full view opened'); continue; }
+    const r = big.getBoundingClientRect();
+    const scale = Math.sqrt(r.width * r.height / (big.naturalWidth * big.naturalHeight));
+    seen.push({name, scale: +scale.toFixed(3), turned: dialog.dataset.turned === '1'});
+    if (r.left < -1 || r.top < -1 || r.right > innerWidth + 1 || r.bottom > innerHeight + 1)
+      bad.push(`${name}: full view ${Math.round(r.width)} x ${Math.round(r.height)} px leaves the ${innerWidth} x ${innerHeight} screen`);
+    else if (scale < legibleScale - 0.005)
+      bad.push(`${name}: full view at ${Math.round(scale * 100)} % of its ${big.naturalWidth} px`);
+    dialog.close();
+    await frame();
+  }
+  return JSON.stringify({bad, seen});
 })
 """
 TYPESET_DONE_JS = """
@@ -296,13 +343,18 @@ def settle(page: DevTools, start: int, quiet: float = 0.3) -> None:
             except WebSocketTimeoutException:
                 pass
             events = page.events[start:]
+            # data: URLs never finish as requests; a worker's script (Pagefind's) finishes in the
+            # worker's own target, which this page-level session does not hear from
             sent = {e["params"]["requestId"] for e in events if e.get("method") == "Network.requestWillBeSent"
-                    and not e["params"]["request"]["url"].startswith("data:")}
+                    and not e["params"]["request"]["url"].startswith("data:")
+                    and not e["params"]["request"]["url"].endswith("-worker.js")}
             done = {e["params"]["requestId"] for e in events
                     if e.get("method") in ("Network.loadingFinished", "Network.loadingFailed")}
             if sent <= done:
                 return
-        raise TimeoutError(f"requests still in flight after {TIMEOUT} s")
+        urls = {e["params"]["requestId"]: e["params"]["request"]["url"] for e in page.events[start:]
+                if e.get("method") == "Network.requestWillBeSent"}
+        raise TimeoutError(f"requests still in flight after {TIMEOUT} s: {[urls[r] for r in sent - done]}")
     finally:
         page.ws.settimeout(TIMEOUT)
 
@@ -438,18 +490,23 @@ def test_page_renders_math_offline(server, page, path, shot, min_containers):
     # the same page at both widths: equations and figures visible in full, or in a scroll box with a cue
     desktop = layout(page, None)
     assert desktop["equations"] == [] and desktop["figures"] == [], f"{path} at 1280 px: {desktop}"
+    assert desktop["alts"] == [], f"{path}: figures without an alt text that says what they show {desktop['alts']}"
     resize(page, PHONE)
     phone = layout(page, LEGIBLE_SCALE)
+    full_view = json.loads(page.evaluate(f"{FULL_VIEW_JS}({json.dumps(phone['small'])}, {LEGIBLE_SCALE})",
+                                         await_promise=True))
+    FULL_VIEWS[path] = full_view["seen"]
     screenshot(page, f"{shot}-{PHONE['width']}")
-    # for a person to look at: the first box that scrolls (a wide equation or figure) in view
+    # for a person to look at: the first box that scrolls (a wide equation) in view
     if page.evaluate("""(() => { const b = [...document.querySelectorAll(
-          'mjx-container[display="true"], div.cell_output:has(img)')].find(e => e.scrollWidth > e.clientWidth + 1);
+          'mjx-container[display="true"]')].find(e => e.scrollWidth > e.clientWidth + 1);
         if (b) { b.scrollIntoView({block: 'center'}); } return !!b; })()"""):
         screenshot(page, f"{shot}-{PHONE['width']}-scroll-box")
         page.evaluate("window.scrollTo(0, 0)")
     resize(page, DESKTOP)
     assert phone["equations"] == [], f"{path} at 390 px: equations not fully visible {phone['equations']}"
     assert phone["figures"] == [], f"{path} at 390 px: figures {phone['figures']}"
+    assert full_view["bad"] == [], f"{path} at 390 px: figures not legible in their full view {full_view['bad']}"
     assert phone["pageOverflow"] <= 1, f"{path} at 390 px: the page scrolls sideways by {phone['pageOverflow']} px"
 
 
@@ -473,16 +530,176 @@ def test_page_weights_table(capsys):
     assert heavy == {}, f"pages over {PAGE_WEIGHT_LIMIT:,} bytes:\n{table}"
 
 
-def test_search_page_loads_the_index_and_raises_nothing(server, page):
-    """searchindex.js left the other pages: search.html loads it itself and finds a word."""
-    resize(page, DESKTOP)
-    visit_ = visit(page, f"{server}/search.html?q=attention", math=False)
-    assert any(u.split("?")[0].endswith("/searchindex.js") for u in visit_.requests), visit_.requests
-    assert visit_.errors == [], visit_.errors
+# The search (issue 25): Pagefind's index (book/_ext/tfbook_search.py) and UI on search.html.
+# A snippet must show a searched word in its sentence (marked), never the page's header buttons
+# (Sphinx's snippets fell back to "...Binder"/"...Repository" when the stemmed word was not in
+# the text) and never raw TeX. Checked through the UI for the two queries the issue tried, and
+# through Pagefind's API for every result of words found on many pages.
+RAW_TEX = ("\\(", "\\)", "\\[", "$$", "\\frac", "\\mathrm", "\\sqrt", "\\top", "\\in ", "_{", "^{")
+HEADER_WORDS = ("Binder", "Colab", "Repository", "Open issue", "Download", ".ipynb", "Contents")
+SNIPPETS_JS = r"""
+(async (query) => {
+  const pagefind = await import(new URL('pagefind/pagefind.js', location.href).href);
+  const search = await pagefind.search(query);
+  const data = await Promise.all(search.results.map(r => r.data()));
+  return JSON.stringify(data.map(d => ({url: d.url, title: d.meta.title, excerpt: d.excerpt,
+    subs: (d.sub_results || []).map(s => ({url: s.url, excerpt: s.excerpt}))})));
+})
+"""
+
+
+def ui_results(page: DevTools, server: str, query: str, metrics: dict) -> list[dict]:
+    """search.html?q=query as a reader gets it: each shown result's title, link and snippet."""
+    resize(page, metrics)
+    v = visit(page, f"{server}/search.html?q={urllib.parse.quote(query)}", math=False)
+    assert v.errors == [], v.errors
+    assert off_host(v.requests) == [], f"search left 127.0.0.1: {off_host(v.requests)}"
+    assert v.failures == [], v.failures
     deadline = time.monotonic() + TIMEOUT
-    while not page.evaluate("document.querySelectorAll('#search-results li').length"):
-        assert time.monotonic() < deadline, "search.html found nothing for 'attention'"
+    # the first five results fill in one after the other: wait until each has its link and snippet
+    filled = ("(() => { const r = [...document.querySelectorAll('.pagefind-ui__result')];"
+              " return r.length > 0 && r.every(x => x.querySelector('.pagefind-ui__result-link')"
+              " && x.querySelector('.pagefind-ui__result-excerpt')); })()")
+    while not page.evaluate(filled):
+        assert time.monotonic() < deadline, f"search.html showed no result for {query!r}"
         time.sleep(0.1)
+    # each result: its page's title and link, and every snippet shown (the page's and its sections')
+    return json.loads(page.evaluate(r"""JSON.stringify([...document.querySelectorAll('.pagefind-ui__result')].map(r => ({
+        title: r.querySelector('.pagefind-ui__result-title').innerText,
+        href: r.querySelector('.pagefind-ui__result-link').href,
+        excerpts: [...r.querySelectorAll('.pagefind-ui__result-excerpt')].map(e => ({
+          text: e.innerText, marks: [...e.querySelectorAll('mark')].map(m => m.innerText)}))})))"""))
+
+
+def snippet_faults(excerpt_text: str, marks: list[str], stem: str) -> list[str]:
+    """What is wrong with one snippet; `stem`: the searched words' stems, space-separated
+    (a result may match any one of them: "KV cache" finds H_KV)."""
+    faults = []
+    if not any(w in m.lower() for m in marks for w in stem.split()):
+        faults.append(f"no marked {stem!r}")
+    faults += [f"raw TeX {t!r}" for t in RAW_TEX if t in excerpt_text]
+    faults += [f"header word {w!r}" for w in HEADER_WORDS if w in excerpt_text]
+    return faults
+
+
+@pytest.mark.parametrize("query, stem, page_stem", [
+    ("rotary", "rotar", "07_positional_information"),
+    ("KV cache", "kv cache", "11_decoders"),
+])
+def test_search_snippets_show_the_words_in_context(server, page, query, stem, page_stem):
+    for metrics in (DESKTOP, PHONE):
+        results = ui_results(page, server, query, metrics)
+        screenshot(page, f"search-{stem.split()[-1]}-{metrics['width']}")
+        assert any(page_stem in r["href"] for r in results), \
+            f"{query!r}: {page_stem} not among the results {[r['href'] for r in results]}"
+        faults = {f"{r['title']} #{i}": snippet_faults(e["text"], e["marks"], stem)
+                  for r in results for i, e in enumerate(r["excerpts"])}
+        faults = {t: f for t, f in faults.items() if f}
+        assert faults == {}, f"{query!r} at {metrics['width']} px: snippets {faults}"
+    resize(page, DESKTOP)
+    # the link leads to the page (and its section), which loads without errors
+    target = next(r["href"] for r in results if page_stem in r["href"])
+    v = visit(page, target)
+    assert v.failures == [] and v.errors == [], (target, v.failures, v.errors)
+
+
+@pytest.mark.parametrize("query, stem", [("softmax", "softmax"), ("attention", "attention")])
+def test_every_result_has_a_clean_snippet(server, page, query, stem):
+    """Through Pagefind's API: every page found (and each matching section) has a snippet with the
+    word marked in it, no raw TeX, no header buttons; the index holds every chapter."""
+    resize(page, DESKTOP)
+    visit(page, f"{server}/search.html", math=False)
+    found = json.loads(page.evaluate(f"{SNIPPETS_JS}({json.dumps(query)})", await_promise=True))
+    assert len(found) >= 10, f"{query!r} found only {len(found)} pages"
+    faults = {}
+    for r in found:
+        for hit in [r] + r["subs"]:
+            text = re.sub(r"<[^>]+>", "", hit["excerpt"])
+            marks = re.findall(r"<mark>(.*?)</mark>", hit["excerpt"])
+            f = snippet_faults(html_lib.unescape(text), marks, stem)
+            if f:
+                faults[hit["url"]] = f
+    assert faults == {}, f"{query!r}: {faults}"
+    if query == "attention":
+        chapters = {Path(c).stem for c in toc_chapters()}
+        pages = {Path(r["url"].split("#")[0]).stem for r in found}
+        assert {"02_attention_as_averaging", "04_self_attention", "17_efficient_attention"} <= pages, pages
+        assert len(chapters & pages) >= 15, sorted(chapters - pages)
+
+
+def test_snippet_faults_can_fail():
+    """The snippet rule flags what Sphinx's snippets showed: no marked word, TeX, header buttons."""
+    assert snippet_faults("the Binder \\(N\\) logo", ["N"], "rotar") == [
+        "no marked 'rotar'", "raw TeX '\\\\('", "raw TeX '\\\\)'", "header word 'Binder'"]
+
+
+def test_no_stale_search_highlights(server, page):
+    """No page loads Sphinx's highlighter: words it kept in localStorage are not re-highlighted."""
+    resize(page, DESKTOP)
+    visit(page, f"{server}/{NAV_CHAPTER}")
+    page.evaluate("localStorage.setItem('sphinx_highlight_terms', 'position')")
+    v = visit(page, f"{server}/{NAV_CHAPTER}?highlight=position")
+    assert not [u for u in v.requests if "sphinx_highlight" in u], v.requests
+    assert page.evaluate("document.querySelectorAll('span.highlighted, .highlight-link').length") == 0
+    assert page.evaluate("localStorage.getItem('sphinx_highlight_terms')") is None
+
+
+# The text typed into a search box starts right of its magnifier icon (the issue: the icon covered
+# the first letter typed). Measured on the theme's search field (the Ctrl+K dialog) and on
+# search.html's Pagefind box: the icon's right edge against the input's content box.
+ICON_GAP_JS = r"""
+(() => {
+  const out = [];
+  const check = (input, iconRect, where) => {
+    if (!input || !iconRect || !input.getClientRects().length) return;
+    const r = input.getBoundingClientRect(), cs = getComputedStyle(input);
+    const textLeft = r.left + parseFloat(cs.borderLeftWidth) + parseFloat(cs.paddingLeft);
+    out.push({where, textLeft: Math.round(textLeft), iconRight: Math.round(iconRect.right),
+              overlap: iconRect.right > textLeft + 0.5 && iconRect.left < r.right});
+  };
+  for (const form of document.querySelectorAll('form.bd-search')) {
+    const icon = form.querySelector('i.fa-magnifying-glass');
+    if (icon && icon.getClientRects().length) check(form.querySelector('input'), icon.getBoundingClientRect(), 'theme search field');
+  }
+  const pf = document.querySelector('.pagefind-ui__form');
+  if (pf) {
+    const b = getComputedStyle(pf, '::before'), f = pf.getBoundingClientRect();
+    if (b.content !== 'none') {
+      const left = f.left + parseFloat(b.left), w = parseFloat(b.width);
+      check(pf.querySelector('input'), {left, right: left + w}, 'search page');
+    }
+  }
+  return JSON.stringify(out);
+})()
+"""
+
+
+def type_text(page: DevTools, text: str) -> None:
+    for ch in text:
+        page.call("Input.dispatchKeyEvent", type="keyDown", text=ch, key=ch)
+        page.call("Input.dispatchKeyEvent", type="keyUp", key=ch)
+
+
+@pytest.mark.parametrize("metrics", [DESKTOP, PHONE], ids=["1280", "390"])
+def test_search_icon_does_not_cover_the_text(server, page, metrics):
+    resize(page, metrics)
+    try:
+        visit(page, f"{server}/{CHAPTER0}")
+        # open the theme's search dialog as a reader does (its button), type, measure
+        page.evaluate("[...document.querySelectorAll('button.search-button__button')]"
+                      ".find(b => b.getClientRects().length).click()")
+        time.sleep(0.3)
+        type_text(page, "rotary")
+        dialog = json.loads(page.evaluate(ICON_GAP_JS))
+        screenshot(page, f"search-dialog-{metrics['width']}")
+        assert dialog and not any(d["overlap"] for d in dialog), f"theme search field: {dialog}"
+        press_escape(page)
+        ui_results(page, server, "rotary", metrics)
+        search_page = json.loads(page.evaluate(ICON_GAP_JS))
+        assert any(d["where"] == "search page" for d in search_page), search_page
+        assert not any(d["overlap"] for d in search_page), f"search page: {search_page}"
+    finally:
+        resize(page, DESKTOP)
 
 
 def test_chapter_page_has_one_search_box_and_no_search_index(server, page):
@@ -565,6 +782,39 @@ def test_navigation_on_a_phone(server, page):
         resize(page, DESKTOP)
 
 
+FIGURE_CHAPTER = "notebooks/05_multi_head_attention.html"  # its first figure is 1200 px wide
+
+
+def test_figure_full_view_on_a_phone(server, page):
+    """A tap on a wide figure opens it full screen, turned a quarter turn, legible; Escape closes it."""
+    resize(page, PHONE)
+    try:
+        v = visit(page, f"{server}/{FIGURE_CHAPTER}")
+        assert v.errors == [], v.errors
+        box = json.loads(page.evaluate("""(() => { const b = document.querySelector('button.tfbook-figure');
+            b.scrollIntoView({block: 'center'}); const r = b.getBoundingClientRect(), i = b.querySelector('img');
+            return JSON.stringify({x: r.x + r.width / 2, y: r.y + r.height / 2, shown: i.getBoundingClientRect().width,
+                                   natural: i.naturalWidth, alt: i.alt}); })()"""))
+        assert box["shown"] / box["natural"] < LEGIBLE_SCALE, f"pick a figure that needs its full view: {box}"
+        screenshot(page, "figure-390-in-column")
+        for kind in ("mousePressed", "mouseReleased"):
+            page.call("Input.dispatchMouseEvent", type=kind, x=box["x"], y=box["y"], button="left", clickCount=1)
+        time.sleep(0.4)
+        view = json.loads(page.evaluate("""(() => { const d = document.querySelector('dialog.tfbook-figure-view');
+            const i = d && d.querySelector('img'), r = i && i.getBoundingClientRect();
+            return JSON.stringify({open: !!d && d.open, turned: d && d.dataset.turned, alt: i && i.alt,
+              scale: r && Math.sqrt(r.width * r.height / (i.naturalWidth * i.naturalHeight)),
+              inside: r && r.left >= -1 && r.top >= -1 && r.right <= innerWidth + 1 && r.bottom <= innerHeight + 1}); })()"""))
+        screenshot(page, "figure-390-full-view")
+        assert view["open"] and view["inside"] and view["turned"] == "1", view
+        assert view["scale"] >= LEGIBLE_SCALE, view
+        assert view["alt"] == box["alt"], view
+        press_escape(page)
+        assert not page.evaluate("document.querySelector('dialog.tfbook-figure-view').open"), "Escape left it open"
+    finally:
+        resize(page, DESKTOP)
+
+
 def test_navigation_on_a_desktop(server, page):
     resize(page, DESKTOP)
     v = visit(page, f"{server}/{NAV_CHAPTER}")
@@ -613,6 +863,28 @@ def test_solution_toggle_opens(server, page):
     page.evaluate("window.scrollBy(0, -120)")
     time.sleep(0.6)  # let the toggle's fade-in animation finish before the screenshot
     screenshot(page, "chapter00_solution_open")
+
+
+PDF = ROOT / "_build" / "pdf" / "tfbook.pdf"
+
+
+def test_pdf_link_is_not_dead(server, page):
+    """The whole-book PDF (`make pdf`): linked from every page when the site was built after it,
+    and then the link serves the PDF; a site built without it links nothing (never a dead link)."""
+    resize(page, DESKTOP)
+    hrefs = []
+    for path in ("book/intro.html", CHAPTER0, "search.html"):
+        visit(page, f"{server}/{path}", math=False)
+        hrefs.append(page.evaluate("(document.querySelector('.tfbook-pdf a') || {}).href || null"))
+    if PDF.is_file() and not (SITE / "tfbook.pdf").is_file():
+        pytest.fail(f"{PDF} exists but the site does not hold it: run `make book` after `make pdf`")
+    if not (SITE / "tfbook.pdf").is_file():
+        assert hrefs == [None] * 3, f"the site links a PDF it does not hold: {hrefs}"
+        pytest.skip("no PDF in this build (`make pdf` before `make book` adds it)")
+    assert None not in hrefs and len(set(hrefs)) == 1, f"not every page links the PDF: {hrefs}"
+    with urllib.request.urlopen(hrefs[0], timeout=30) as resp:
+        head = resp.read(5)
+        assert resp.status == 200 and head == b"%PDF-", (resp.status, head)
 
 
 def test_off_host_filter_can_fail():

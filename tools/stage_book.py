@@ -2,6 +2,9 @@
 
     python tools/stage_book.py --mode public --out _stage/public
     python tools/stage_book.py --mode course --out _stage/course
+    python tools/stage_book.py --mode pdf --out _stage/pdf
+
+(``--pdf _build/pdf/tfbook.pdf`` in public mode: serve and link the book's PDF if it exists.)
 
 Copies ``_config.yml``, ``_toc.yml``, ``book/``, ``notebooks/`` and the vendored
 MathJax (``_vendor/``, made by ``tools/vendor_mathjax.sh``) into ``--out`` (emptied
@@ -25,6 +28,11 @@ course
     code cell loses its Colab install snippet (tools/colab_cell.py), which names the
     repository.
 
+pdf
+    as public, for ``make pdf`` (Sphinx's LaTeX builder).
+
+Every output figure gets an alt text (:func:`add_alt_texts`).
+
 ``jupyter-book build`` of the stage then renders the site. The sources in the
 repository are never modified.
 """
@@ -32,6 +40,7 @@ repository are never modified.
 from __future__ import annotations
 
 import argparse
+import ast
 import re
 import shutil
 import sys
@@ -44,6 +53,9 @@ from nbgrader.preprocessors import ClearHiddenTests, ClearSolutions
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from tfbook._colab import strip_snippet  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "book" / "_ext"))
+from tfbook_search import tex_to_text  # noqa: E402  (TeX in titles -> text, as in search snippets)
 
 SOLUTION_PROMPT_SHOW = "Show solution"
 SOLUTION_PROMPT_HIDE = "Hide solution"
@@ -183,7 +195,158 @@ def add_fails_if(nb):
     return nb
 
 
-TRANSFORMS = {"public": transform_public, "course": transform_course}
+# ---- alt texts of output figures ------------------------------------------------------
+# A figure's alt text says what it shows, for a reader who cannot see it (screen readers,
+# images off, search). Chapter authors write it in the figure cell's metadata,
+#     "metadata": {"tfbook": {"alt": "Line plot: softmax weight against temperature ..."}}
+# and the stage passes it to myst-nb (cell metadata mystnb.image.alt). A cell without one
+# gets a text made from its plotting calls' literal strings (titles, axis labels), e.g.
+# "Figure, 2 panels. Left: Activation functions (output against input x). Right: ...";
+# parts computed at run time (f-string fields) read "…". Never a file name.
+TITLE_CALLS = {"set_title": "title", "title": "title", "suptitle": "suptitle",
+               "set_xlabel": "x", "xlabel": "x", "set_ylabel": "y", "ylabel": "y"}
+PANEL_NAMES = {2: ("Left", "Right"), 3: ("Left", "Middle", "Right")}
+
+
+def _literal_text(node) -> str | None:
+    """A string literal or f-string as text (fields as "…"), TeX dollars and newlines removed."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        text = node.value
+    elif isinstance(node, ast.JoinedStr):
+        text = "".join(v.value if isinstance(v, ast.Constant) else "…" for v in node.values)
+    else:
+        return None
+    text = tex_to_text(text)
+    # a text that is mostly run-time fields ("… …: …") says nothing
+    return text if len(re.findall(r"[^\W\d_]", text)) >= 4 else None
+
+
+def figure_texts(source: str) -> dict:
+    """The literal titles and axis labels of a plotting cell, in the order they are set.
+
+    Returns {"suptitle": [...], "panels": [{"title", "x", "y"}, ...]}: a new panel starts
+    where a title or label that the current panel already has is set again."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return {"suptitle": [], "panels": []}
+    calls = sorted((n for n in ast.walk(tree) if isinstance(n, ast.Call)
+                    and isinstance(n.func, (ast.Attribute, ast.Name))),
+                   key=lambda n: (n.lineno, n.col_offset))
+    suptitle, panels = [], []
+    for call in calls:
+        name = call.func.attr if isinstance(call.func, ast.Attribute) else call.func.id
+        fields = {}
+        if name in TITLE_CALLS and call.args:
+            text = _literal_text(call.args[0])
+            if text:
+                fields[TITLE_CALLS[name]] = text
+        elif name == "set":
+            for kw in call.keywords:
+                if kw.arg in ("title", "xlabel", "ylabel"):
+                    text = _literal_text(kw.value)
+                    if text:
+                        fields[{"title": "title", "xlabel": "x", "ylabel": "y"}[kw.arg]] = text
+        if not fields:
+            continue
+        if "suptitle" in fields:
+            suptitle.append(fields["suptitle"])
+            continue
+        # a new panel starts where a field of the current one would be set again
+        if not panels or any(k in panels[-1] for k in fields):
+            panels.append({})
+        panels[-1].update(fields)
+    return {"suptitle": suptitle, "panels": [p for p in panels if p]}
+
+
+def _panel_text(panel: dict) -> str:
+    axes = ""
+    if panel.get("y") and panel.get("x"):
+        axes = f"{panel['y']} against {panel['x']}"
+    elif panel.get("x") or panel.get("y"):
+        axes = panel.get("x") or panel.get("y")
+    if panel.get("title") and axes:
+        return f"{panel['title']} ({axes})"
+    return panel.get("title") or axes
+
+
+def generated_alt(source: str, n_axes: int | None = None) -> str | None:
+    """An alt text from the cell's titles and axis labels, or None if it sets none."""
+    texts = figure_texts(source)
+    panels = [_panel_text(p) for p in texts["panels"]][:6]
+    if not panels and not texts["suptitle"]:
+        return None
+    parts = []
+    if texts["suptitle"]:
+        parts.append(texts["suptitle"][0].rstrip(".") + ".")
+    if len(panels) == 1:
+        parts.append(f"{panels[0]}.")
+    elif panels:
+        names = PANEL_NAMES.get(len(panels)) or [f"Panel {i + 1}" for i in range(len(panels))]
+        parts.append(f"{len(panels)} panels.")
+        parts += [f"{name}: {text}." for name, text in zip(names, panels)]
+    text = "Figure: " + " ".join(parts)
+    return text if len(text) <= 600 else text[:597].rsplit(" ", 1)[0] + " …"
+
+
+FIGURE_SIZE = re.compile(r"with (\d+) Axes")
+
+
+def add_alt_texts(nb) -> list[str]:
+    """Set the alt text of every output figure (in place); return the cells that had no source for one.
+
+    The author's ``tfbook.alt`` wins; otherwise :func:`generated_alt`; a cell with neither
+    gets "Figure of <chapter title>, output of the cell after '<preceding heading>'" and is
+    listed (stage_book prints the list: chapter authors should add ``tfbook.alt`` there)."""
+    missing, heading, title = [], "", ""
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown":
+            found = re.findall(r"^#{1,6}\s+(.+)$", cell.source, re.MULTILINE)
+            if found:
+                heading = found[-1].strip()
+                title = title or found[0].strip()
+            continue
+        if cell.cell_type != "code":
+            continue
+        images = [o for o in cell.get("outputs", []) if "image/png" in o.get("data", {})
+                  or "image/svg+xml" in o.get("data", {})]
+        if not images:
+            continue
+        alt = ((cell.metadata.get("tfbook") or {}).get("alt") or "").strip()
+        if not alt:
+            alt = generated_alt(cell.source)
+        if not alt:
+            alt = f"Figure in “{title}”, section “{heading}”"
+            missing.append(f"cell {i} ({cell.get('id', '?')})")
+        image = cell.metadata.setdefault("mystnb", {}).setdefault("image", {})
+        image.setdefault("alt", alt)
+    return missing
+
+
+# pdf: the public edition, staged for `make pdf` (Sphinx's LaTeX builder)
+TRANSFORMS = {"public": transform_public, "course": transform_course, "pdf": transform_public}
+PDF_NAME = "tfbook.pdf"
+
+
+def link_pdf(path: Path, pdf: Path, out: Path) -> bool:
+    """Put the book's PDF (from `make pdf`) into the site and link it from every page.
+
+    The PDF is copied to the stage's ``_pdf/`` (served at the site's root as tfbook.pdf,
+    Sphinx's html_extra_path) and the template ``tfbook-pdf.html`` (the primary sidebar's end)
+    shows the link only when ``html_context.tfbook_pdf`` is set, so the site never links a
+    PDF it does not hold. Returns whether the PDF was there."""
+    if not pdf.is_file():
+        return False
+    (out / "_pdf").mkdir(exist_ok=True)
+    shutil.copy2(pdf, out / "_pdf" / PDF_NAME)
+    config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    sphinx_config = config.setdefault("sphinx", {}).setdefault("config", {})
+    sphinx_config["html_extra_path"] = list(sphinx_config.get("html_extra_path", [])) + ["_pdf"]
+    context = sphinx_config.setdefault("html_context", {})
+    context["tfbook_pdf"] = PDF_NAME
+    context["tfbook_pdf_mb"] = f"{pdf.stat().st_size / 1e6:.1f}"
+    path.write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    return True
 
 # Blocks of the prose pages in book/ written for one edition only, between
 # `<!-- public-only -->` and `<!-- /public-only -->` (or course-only): the other
@@ -196,7 +359,7 @@ def keep_edition(text: str, mode: str) -> str:
     return EDITION_BLOCK.sub(lambda m: m.group(0) if m.group(1) == mode else "", text)
 
 
-def stage(mode: str, out: Path, notebooks: Path, root: Path = ROOT) -> list[Path]:
+def stage(mode: str, out: Path, notebooks: Path, root: Path = ROOT, pdf: Path | None = None) -> list[Path]:
     """Build the stage folder; return the staged notebooks."""
     vendor = root / "_vendor"
     if not (vendor / "mathjax" / "tex-chtml.js").is_file():
@@ -211,10 +374,13 @@ def stage(mode: str, out: Path, notebooks: Path, root: Path = ROOT) -> list[Path
         shutil.copy2(root / name, out / name)
     if mode == "course":
         course_config(out / "_config.yml")
+    if mode == "public" and pdf is not None:
+        link_pdf(out / "_config.yml", Path(pdf), out)
     ignore = shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__", "_build")
     shutil.copytree(root / "book", out / "book", ignore=ignore)
     for page in (out / "book").rglob("*.md"):
-        page.write_text(keep_edition(page.read_text(encoding="utf-8"), mode), encoding="utf-8")
+        page.write_text(keep_edition(page.read_text(encoding="utf-8"), "public" if mode == "pdf" else mode),
+                        encoding="utf-8")
     shutil.copytree(vendor, out / "_vendor", ignore=ignore)
     shutil.copytree(notebooks, out / "notebooks", ignore=ignore)
 
@@ -224,6 +390,8 @@ def stage(mode: str, out: Path, notebooks: Path, root: Path = ROOT) -> list[Path
         nb = nbformat.read(path, as_version=4)
         try:
             nb = add_fails_if(transform(strip_title_number(nb)))
+            for cell in add_alt_texts(nb):
+                print(f"stage_book: {path.name} {cell}: a figure without tfbook.alt or titles", file=sys.stderr)
         except RuntimeError as err:  # nbgrader: unbalanced markers, region outside its cell type
             raise SystemExit(f"stage_book: {path.name}: {err}") from err
         nbformat.write(nb, path)
@@ -238,9 +406,15 @@ def main(argv: list[str] | None = None) -> int:
         "--notebooks", type=Path, default=ROOT / "notebooks",
         help="folder of chapter notebooks to stage (default: notebooks/)",
     )
+    parser.add_argument(
+        "--pdf", type=Path, default=None,
+        help="public mode: the book's PDF (make pdf); if the file exists the site serves and links it",
+    )
     args = parser.parse_args(argv)
-    staged = stage(args.mode, args.out, args.notebooks)
-    print(f"stage_book: {args.mode} stage in {args.out} ({len(staged)} notebooks)")
+    staged = stage(args.mode, args.out, args.notebooks, pdf=args.pdf)
+    linked = args.mode == "public" and args.pdf is not None and args.pdf.is_file()
+    print(f"stage_book: {args.mode} stage in {args.out} ({len(staged)} notebooks)"
+          + (f", linking {args.pdf}" if linked else ""))
     return 0
 
 

@@ -6,9 +6,11 @@ Registered in _config.yml (sphinx.local_extensions). What it does, all at build 
   box and a second pair of sidebar toggles: both themes' scripts wire the *first*
   ``.primary-toggle``/``.secondary-toggle`` in the page, which were the header's hidden ones on
   a phone), drops the 1.5 MB ``fontawesome.js`` and loads ``searchindex.js`` only on search.html.
-* ``tfbook.css`` (``book/theme/static``): wide displayed equations and output figures scroll
-  horizontally in their own box, with a shadow as the scroll cue, instead of being clipped or
-  shrunk past legibility on a phone.
+* ``tfbook.css`` (``book/theme/static``): wide displayed equations scroll horizontally in their
+  own box, with a shadow as the scroll cue, instead of being clipped; output figures fit the
+  column and ``tfbook-figures.js`` opens each, tapped or clicked, in a full-screen view (turned
+  a quarter turn on an upright phone when that shows it larger), so a phone shows a whole figure
+  in the column and a legible one in the view, never a box that scrolls sideways.
 * ``tfbook-icons.css``: the few Font Awesome icons the pages use, as CSS masks built from the
   SVG paths in the theme's own fontawesome.js (Font Awesome Free, icons CC BY 4.0), so neither
   the icon script nor the icon web fonts (275 KB) are fetched.
@@ -110,4 +112,5 @@ def setup(app):
     app.connect("html-page-context", _drop_duplicate_scripts, priority=900)
     app.add_css_file("tfbook-icons.css")
     app.add_css_file("tfbook.css")
+    app.add_js_file("tfbook-figures.js", loading_method="defer")
     return {"parallel_read_safe": True, "parallel_write_safe": True, "version": "1.0"}

@@ -1,0 +1,158 @@
+"""The site's search: a Pagefind index built when the HTML build finishes (issue 25, item 2).
+
+Sphinx's own search built each result's snippet from the page's HTML in the browser: it looked
+for the *stemmed* word ("rotari"), failed, and fell back to the start of the page (the launch
+buttons: "...Binder"), and it showed math as raw TeX (``\\(N\\)``). It also stored the search
+words in localStorage, so old highlights came back on chapter pages opened later.
+
+Pagefind (``pagefind[bin]`` pinned in requirements.txt: a Rust binary in a wheel, MIT, made by
+CloudCannon) indexes the built pages once, at build time, and serves its index as static files
+from ``_build/html/pagefind/``; the search page fetches only those files from the site's own
+host (nothing leaves it, nothing is downloaded at build time). Its snippets are the sentence
+around the matched words, with the words marked.
+
+What is indexed, per page: the article only (not the navigation, header buttons or the page's
+table of contents), with
+* inline math turned into plain text (``\\(\\sqrt{D_K}\\)`` -> ``√D_K``) by :func:`tex_to_text`,
+  so a snippet reads as text and never shows TeX;
+* displayed equations, equation numbers, heading permalinks (``#``), code cells and their
+  outputs left out (a snippet cut from code is no help; inline code in the prose and the package
+  reference's signatures stay);
+* each section's id copied onto its heading, so a result also lists the sections that match,
+  each linking to its anchor.
+
+``search.html`` (``book/theme/templates/search.html``) runs Pagefind's default UI with the query
+of ``?q=``, which the theme's search box submits. Sphinx's ``sphinx_highlight.js`` is dropped from
+every page (no stale highlights); ``searchindex.js`` is still written by Sphinx but no page loads it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from pathlib import Path
+
+from sphinx.util import logging
+
+LOGGER = logging.getLogger(__name__)
+
+# pages that are not content: the search page itself, the redirect and the empty index
+SKIP = {"search.html", "genindex.html", "index.html"}
+# never indexed: displayed equations, equation numbers, permalinks, code cells and their outputs
+# (a snippet cut from code read "ax1.set_title(\"Learned weights $p_j(x_i)$\") fig.colorbar(...");
+# names in the prose (inline code) and the package reference's signatures stay searchable)
+DROP = ("div.math, span.eqno, a.headerlink, div.cell_input, div.cell_output, script, style, "
+        ".tfbook-figure-open")
+
+GREEK = {
+    "alpha": "α", "beta": "β", "gamma": "γ", "delta": "δ", "epsilon": "ε", "varepsilon": "ε",
+    "zeta": "ζ", "eta": "η", "theta": "θ", "iota": "ι", "kappa": "κ", "lambda": "λ", "mu": "μ",
+    "nu": "ν", "xi": "ξ", "pi": "π", "rho": "ρ", "sigma": "σ", "tau": "τ", "phi": "φ",
+    "varphi": "φ", "chi": "χ", "psi": "ψ", "omega": "ω", "Gamma": "Γ", "Delta": "Δ",
+    "Theta": "Θ", "Lambda": "Λ", "Pi": "Π", "Sigma": "Σ", "Phi": "Φ", "Psi": "Ψ", "Omega": "Ω",
+    "ell": "ℓ",
+}
+SYMBOLS = {
+    "cdot": "·", "times": "×", "le": "≤", "leq": "≤", "ge": "≥", "geq": "≥", "ne": "≠",
+    "neq": "≠", "approx": "≈", "sim": "~", "in": "∈", "to": "→", "rightarrow": "→",
+    "leftarrow": "←", "mapsto": "↦", "infty": "∞", "sum": "Σ", "prod": "Π", "partial": "∂",
+    "nabla": "∇", "top": "ᵀ", "ldots": "…", "cdots": "…", "dots": "…", "pm": "±", "mid": "|",
+    "lVert": "‖", "rVert": "‖", "Vert": "‖", "lvert": "|", "rvert": "|", "langle": "⟨",
+    "rangle": "⟩", "odot": "⊙", "otimes": "⊗", "oplus": "⊕", "propto": "∝", "log": "log",
+    "exp": "exp", "max": "max", "min": "min", "sin": "sin", "cos": "cos", "lse": "lse",
+    "quad": " ", "qquad": " ", "star": "⋆", "circ": "∘", "forall": "∀", "exists": "∃",
+}
+# commands whose braced argument is kept as it is (fonts, text, decorations)
+KEEP_ARG = re.compile(r"\\(?:mathrm|mathbf|mathit|mathsf|mathtt|mathcal|mathbb|boldsymbol|bm|text|"
+                      r"textrm|textbf|textit|operatorname|hat|tilde|bar|overline|vec|widehat|"
+                      r"widetilde|underline|left|right|big|Big|bigg|Bigg)\b\s*")
+
+
+def tex_to_text(tex: str) -> str:
+    """Inline TeX as plain text for search snippets: ``\\frac{1}{\\sqrt{D_K}}`` -> ``1/√D_K``."""
+    s = tex.strip()
+    for a, b in (("\\(", ""), ("\\)", ""), ("$", "")):
+        s = s.replace(a, b)
+    s = re.sub(r"\\(?:,|;|:|!| )", " ", s)
+    s = KEEP_ARG.sub("", s)
+    for _ in range(4):  # innermost first: \frac{1}{\sqrt{D_K}}
+        s = re.sub(r"\\sqrt\s*\{([^{}]*)\}", r"√\1", s)
+        s = re.sub(r"\\frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}", r"(\1)/(\2)", s)
+    s = re.sub(r"\\sqrt\b", "√", s)
+    s = re.sub(r"\^\s*\{?\\top\}?", "ᵀ", s)
+    s = re.sub(r"\\([A-Za-z]+)", lambda m: GREEK.get(m.group(1), SYMBOLS.get(m.group(1), m.group(1))), s)
+    s = s.replace("\\{", "{").replace("\\}", "}").replace("\\", "")
+    s = re.sub(r"([_^])\{([^{}]*)\}", r"\1\2", s)  # D_{K} -> D_K
+    s = s.replace("{", "").replace("}", "")
+    # (a)/(b) -> a/b where a or b is one symbol: 1/√D_K, not 1/(√D_K)
+    s = re.sub(r"\(([^\s()+\-/]+)\)/", r"\1/", s)
+    s = re.sub(r"/\(([^\s()+\-/]+)\)", r"/\1", s)
+    return re.sub(r"\s+", " ", s).strip()
+
+
+def page_for_index(html: str) -> str | None:
+    """The part of a built page that the index reads, or None for a page without an article."""
+    from bs4 import BeautifulSoup
+
+    soup = BeautifulSoup(html, "html.parser")
+    article = soup.select_one("article.bd-article")
+    if article is None:
+        return None
+    for el in article.select(DROP):
+        el.decompose()
+    for el in article.select("span.math"):
+        el.replace_with(" " + tex_to_text(el.get_text()) + " ")
+    for section in article.select("section[id]"):
+        heading = section.find(re.compile(r"^h[1-6]$"), recursive=False)
+        if heading is not None and not heading.get("id"):
+            heading["id"] = section["id"]
+    title = soup.title.get_text() if soup.title else ""
+    return (f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title>"
+            f"</head><body><main data-pagefind-body>{article}</main></body></html>")
+
+
+async def _index(outdir: Path) -> int:
+    from pagefind.index import PagefindIndex
+
+    pages = 0
+    async with PagefindIndex(config={"force_language": "en", "output_path": str(outdir / "pagefind")}) as index:
+        for path in sorted(outdir.rglob("*.html")):
+            rel = path.relative_to(outdir).as_posix()
+            if rel in SKIP or rel.split("/")[0] in ("_static", "_sources", "_images", "pagefind"):
+                continue
+            content = page_for_index(path.read_text(encoding="utf-8"))
+            if content is None:
+                continue
+            await index.add_html_file(content=content, url="/" + rel)
+            pages += 1
+    return pages
+
+
+def build_index(outdir: Path) -> int:
+    """Write the Pagefind index of the built site in ``outdir`` into ``outdir/pagefind``."""
+    return asyncio.run(_index(Path(outdir)))
+
+
+def _build_finished(app, exception):
+    if exception is not None or app.builder.format != "html":
+        return
+    start = time.perf_counter()
+    pages = build_index(Path(app.outdir))
+    if not (Path(app.outdir) / "pagefind" / "pagefind-ui.js").is_file():
+        raise RuntimeError("tfbook_search: Pagefind wrote no pagefind-ui.js")
+    LOGGER.info(f"tfbook_search: Pagefind indexed {pages} pages in {time.perf_counter() - start:.1f} s")
+
+
+def _drop_highlight_script(app, pagename, templatename, context, doctree):
+    """No sphinx_highlight.js: it re-highlighted old search words kept in localStorage."""
+    scripts = context.get("script_files")
+    if scripts:
+        scripts[:] = [js for js in scripts
+                      if not str(getattr(js, "filename", js) or "").endswith("sphinx_highlight.js")]
+
+
+def setup(app):
+    app.connect("build-finished", _build_finished)
+    app.connect("html-page-context", _drop_highlight_script, priority=901)
+    return {"parallel_read_safe": True, "parallel_write_safe": True, "version": "1.0"}

@@ -1,0 +1,106 @@
+"""The staging and search helpers of the book build, without building it (fast).
+
+tools/stage_book.py gives every output figure an alt text and links the PDF only when it
+exists; book/_ext/tfbook_search.py turns inline TeX into the plain text of search snippets.
+The built site is checked in tests/test_book_browser.py."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "book" / "_ext"))
+import stage_book  # noqa: E402
+from tfbook_search import page_for_index, tex_to_text  # noqa: E402
+
+PNG = "iVBORw0KGgo="  # the bytes do not matter here
+
+
+def figure_cell(source: str, **tfbook) -> nbformat.NotebookNode:
+    cell = nbformat.v4.new_code_cell(source)
+    cell.outputs = [nbformat.v4.new_output("display_data", data={"image/png": PNG, "text/plain": "<Figure>"})]
+    if tfbook:
+        cell.metadata["tfbook"] = tfbook
+    return cell
+
+
+def alt_of(cell) -> str:
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# A chapter\n## Its section"), cell])
+    stage_book.add_alt_texts(nb)
+    return nb.cells[1].metadata["mystnb"]["image"]["alt"]
+
+
+@pytest.mark.parametrize("tex, text", [
+    (r"\(N\)", "N"),
+    (r"\(\sqrt{D_K}\)", "√D_K"),
+    (r"\(\frac{1}{\sqrt{D_K}}\)", "1/√D_K"),
+    (r"\(Q K^\top\)", "Q Kᵀ"),
+    (r"\(\mathrm{softmax}(S)\,V\)", "softmax(S) V"),
+    (r"\(D_{\mathrm{ff}} \le 4D\)", "D_ff ≤ 4D"),
+    (r"\(\alpha, \beta \in \mathbb{R}\)", "α, β ∈ R"),
+])
+def test_tex_to_text(tex, text):
+    assert tex_to_text(tex) == text
+
+
+def test_page_for_index_keeps_the_article_without_math_markup():
+    html = ('<html><head><title>3. Why scale</title></head><body><nav>Binder Repository</nav>'
+            '<article class="bd-article"><section id="why"><h2>Why<a class="headerlink" href="#why">#</a></h2>'
+            '<p>Divide by <span class="math notranslate nohighlight">\\(\\sqrt{D_K}\\)</span> here.</p>'
+            '<div class="math notranslate nohighlight">\\[S = QK^\\top\\]</div>'
+            '<div class="cell_output"><pre>0.123</pre></div></section></article></body></html>')
+    out = page_for_index(html)
+    assert "Binder" not in out and "\\(" not in out and "\\[" not in out and "0.123" not in out
+    assert "Divide by  √D_K  here." in out
+    assert '<h2 id="why">Why</h2>' in out
+    assert page_for_index("<html><body><p>no article</p></body></html>") is None
+
+
+def test_alt_text_from_titles_and_labels():
+    alt = alt_of(figure_cell(
+        'fig, (ax1, ax2) = plt.subplots(1, 2)\n'
+        'ax1.set(xlabel="step", ylabel="loss (nats)", title="Training")\n'
+        'ax2.set_title(f"Error, T = {T}")\nax2.set_xlabel("key width $D_K$")\nax2.set_ylabel("error")\n'))
+    assert alt == ("Figure: 2 panels. Left: Training (loss (nats) against step). "
+                   "Right: Error, T = … (error against key width D_K).")
+
+
+def test_alt_text_of_the_author_wins_and_a_cell_without_titles_is_listed():
+    assert alt_of(figure_cell('ax.set_title("x axis")', alt="Heat map of P: each row sums to one")) \
+        == "Heat map of P: each row sums to one"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# Chapter\n## Section two"),
+                                         figure_cell("plot_it(data)")])
+    assert stage_book.add_alt_texts(nb) == [f"cell 1 ({nb.cells[1].id})"]
+    alt = nb.cells[1].metadata["mystnb"]["image"]["alt"]
+    assert alt == "Figure in “Chapter”, section “Section two”" and ".png" not in alt
+
+
+def test_every_committed_figure_gets_an_alt_text_from_its_cell():
+    """Each figure of the chapters has an alt text from its author or its titles (no fallback)."""
+    missing = {}
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        cells = stage_book.add_alt_texts(nb)
+        if cells:
+            missing[path.name] = cells
+    assert missing == {}, f"figure cells with neither tfbook.alt nor a literal title or label: {missing}"
+
+
+def test_pdf_is_linked_only_when_it_exists(tmp_path):
+    config = tmp_path / "_config.yml"
+    config.write_text(yaml.safe_dump({"sphinx": {"config": {"html_context": {"default_mode": "auto"}}}}))
+    assert stage_book.link_pdf(config, tmp_path / "missing.pdf", tmp_path) is False
+    assert "tfbook_pdf" not in config.read_text()
+    pdf = tmp_path / "book.pdf"
+    pdf.write_bytes(b"%PDF-1.5\n" + b"0" * 2_000_000)
+    assert stage_book.link_pdf(config, pdf, tmp_path) is True
+    sphinx = yaml.safe_load(config.read_text())["sphinx"]["config"]
+    assert sphinx["html_context"] == {"default_mode": "auto", "tfbook_pdf": "tfbook.pdf", "tfbook_pdf_mb": "2.0"}
+    assert sphinx["html_extra_path"] == ["_pdf"]
+    assert (tmp_path / "_pdf" / "tfbook.pdf").read_bytes()[:5] == b"%PDF-"
