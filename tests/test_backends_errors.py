@@ -17,6 +17,7 @@ from conftest import random_decoder_params, random_encoder_params, random_ffn_pa
 from test_backends_parity import NUMPY_ONLY
 import error_cases_experts
 import error_cases_modern
+import error_cases_serving
 import error_cases_training
 
 g = np.random.default_rng(0)
@@ -102,7 +103,7 @@ CASES += [
     ("linear_attention", (r(2, 5, 4), r(2, 7, 4), r(2, 7, 4)), {"causal": True}, r"T_q == T_k.*\(2, 5, 4\).*\(2, 7, 4\)"),
     ("linear_attention", (r(2, 5, 4), r(2, 7, 3), r(2, 7, 4)), {}, r"D_K=4 but K has D_K=3"),
 ]
-ERROR_CASES = CASES + error_cases_training.CASES + error_cases_modern.CASES + error_cases_experts.CASES
+ERROR_CASES = CASES + error_cases_training.CASES + error_cases_modern.CASES + error_cases_serving.CASES + error_cases_experts.CASES
 
 
 def _conv(a):

@@ -20,6 +20,7 @@ from conftest import random_decoder_params, random_encoder_params, random_ffn_pa
 import error_cases_training
 import test_experts
 import test_modern_functions
+import test_serving
 
 ATOL = 1e-12  # float64 round-off (different summation orders in NumPy and torch)
 
@@ -156,6 +157,7 @@ def _cases():
     # the training and modern-decoder chapters keep their cases next to their error cases
     C.update(error_cases_training.PARITY_CASES)
     C.update(test_modern_functions.PARITY_CASES)
+    C.update(test_serving.BACKEND_PARITY_CASES)
     C.update(test_experts.PARITY_CASES)
     return C
 
@@ -208,7 +210,7 @@ def test_numpy_equals_torch(name, i, seed, device):
     g = np.random.default_rng(seed)
     args, kwargs, torch_extra = CASES[name][i](g)
     out_np = getattr(tnp, name)(*args, **kwargs)
-    if name in ("causal_mask", "sliding_window_mask", "rope_permutation"):
+    if name in ("causal_mask", "sliding_window_mask", "rope_permutation", "rope_frequencies"):
         torch_extra = {**torch_extra, "device": device}
     if name.startswith("sinusoidal"):
         torch_extra = {**torch_extra, "device": device}

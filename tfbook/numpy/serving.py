@@ -104,20 +104,18 @@ def rope_frequencies(D_K, base=10000.0, scaling=None, factor=1.0, original_lengt
     Returns
     -------
     omega : (D_K/2,) float64 ndarray
-    attention_factor : float
     """
     D_K, original_length = _check_frequency_args(D_K, base, scaling, factor, original_length)
     i = np.arange(D_K // 2, dtype=np.float64)
     omega = base ** (-2.0 * i / D_K)
     if scaling == "pi":
-        return omega / factor, 1.0
+        return omega / factor
     if scaling == "ntk":
-        return (base * factor ** (D_K / (D_K - 2.0))) ** (-2.0 * i / D_K), 1.0
+        return (base * factor ** (D_K / (D_K - 2.0))) ** (-2.0 * i / D_K)
     if scaling == "yarn":
         keep = _yarn_ramp(D_K, base, original_length, beta_fast, beta_slow)
-        omega = omega / factor * (1.0 - keep) + omega * keep
-        return omega, (0.1 * math.log(factor) + 1.0) if factor > 1 else 1.0
-    return omega, 1.0
+        return omega / factor * (1.0 - keep) + omega * keep
+    return omega
 
 
 def rope_rotate(X, omega, positions=None, layout="half"):
@@ -214,7 +212,7 @@ def _mla_check_input(X, params, num_heads, positions, layout, base, eps):
     pos = np.arange(T, dtype=np.float64) if positions is None else np.asarray(positions, dtype=np.float64)
     if pos.ndim == 0 or pos.shape[-1] != T:
         raise ValueError(f"positions must have shape (..., T) with T={T}, got {pos.shape} (X: {X.shape})")
-    omega, _ = rope_frequencies(dims[2], base)
+    omega = rope_frequencies(dims[2], base)
     return X, dims, pos, omega
 
 

@@ -34,19 +34,19 @@ __all__ = [
 def rope_frequencies(D_K, base=10000.0, scaling=None, factor=1.0, original_length=None, beta_fast=32.0,
                      beta_slow=1.0, device=None):
     """The rotary frequencies of a head of width ``D_K``, stretched by ``factor`` (``None``, ``"pi"``,
-    ``"ntk"`` or ``"yarn"``); returns ``(omega (D_K/2,) float64 tensor, attention_factor)``.
+    ``"ntk"`` or ``"yarn"``): ``omega (D_K/2,)``, a float64 tensor.
     See :func:`tfbook.numpy.rope_frequencies`."""
     D_K, original_length = _check_frequency_args(D_K, base, scaling, factor, original_length)
     i = torch.arange(D_K // 2, dtype=torch.float64, device=device)
     omega = base ** (-2.0 * i / D_K)
     if scaling == "pi":
-        return omega / factor, 1.0
+        return omega / factor
     if scaling == "ntk":
-        return (base * factor ** (D_K / (D_K - 2.0))) ** (-2.0 * i / D_K), 1.0
+        return (base * factor ** (D_K / (D_K - 2.0))) ** (-2.0 * i / D_K)
     if scaling == "yarn":
         keep = torch.from_numpy(_yarn_ramp(D_K, base, original_length, beta_fast, beta_slow)).to(omega.device)
-        return omega / factor * (1.0 - keep) + omega * keep, (0.1 * math.log(factor) + 1.0) if factor > 1 else 1.0
-    return omega, 1.0
+        return omega / factor * (1.0 - keep) + omega * keep
+    return omega
 
 
 def rope_rotate(X, omega, positions=None, layout="half"):
@@ -94,7 +94,7 @@ def _mla_check_input(X, params, num_heads, positions, layout, base, eps):
     if pos.ndim == 0 or pos.shape[-1] != T:
         raise ValueError(f"positions must have shape (..., T) with T={T}, got {tuple(pos.shape)} "
                          f"(X: {tuple(X.shape)})")
-    omega, _ = rope_frequencies(dims[2], base, device=X.device)
+    omega = rope_frequencies(dims[2], base, device=X.device)
     return X, dims, pos, omega
 
 
