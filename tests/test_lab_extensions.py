@@ -8,11 +8,13 @@ for every such package and runs the extension against a package it was not built
 in headless Chromium with JupyterLab 4.5.11: nbgrader 0.9.6's extension (built for 4.6.4) and
 jupyterlab_widgets 3.0.17's (built for 4.6.2) gave 21 such warnings; nbgrader 0.9.5 (^4.3.4) and
 jupyterlab_widgets 3.0.16 (^4.4.6) none. So ipywidgets is pinned to 8.1.8 with jupyterlab_widgets
-3.0.16. No nbgrader fits Lab 4.5 (0.9.5's extension declares @jupyter/ydoc 2, and
-``jupyter labextension list`` marks it incompatible), and the course uses nbgrader from the command
-line only, so ``make venv`` disables its extension (``jupyter labextension disable``, written to
-the venv's ``etc/jupyter/labconfig/page_config.json``); a disabled extension is never loaded.
-This test reads the installed files, so it checks the venv that ``make venv`` made.
+3.0.16. No nbgrader fits Lab 4.5: 0.9.5's extension needs nothing Lab 4.5 lacks at run time, but
+declares @jupyter/ydoc 2 (``jupyter labextension list`` marks it incompatible); 0.9.6's is built for
+4.6.4. The course uses nbgrader from the command line only, so ``make venv`` disables 0.9.6's
+extension (its instructor panels do not appear), but JupyterLab 4.5 still loads a disabled
+extension's module, so its 12 warnings remain in the console (measured): this test reports it as
+an expected failure (strict: it fails the day the extension fits). This test reads the installed
+files, so it checks the venv that ``make venv`` made.
 """
 
 from __future__ import annotations
@@ -69,8 +71,8 @@ def test_extension_is_built_for_the_pinned_lab(ext):
     name = json.loads((ext / "package.json").read_text())["name"]
     entry = next((ext / "static").glob("remoteEntry.*.js")).read_text(encoding="utf-8", errors="replace")
     bad = unsatisfied(required(entry), provided())
-    if name in disabled():
-        pytest.skip(f"{name} is disabled in this environment's JupyterLab (it needs {bad or 'nothing missing'})")
+    if name in disabled() and bad:
+        pytest.xfail(f"{name} is disabled (its panels do not appear) but still loaded: it needs {bad}")
     assert not bad, f"{name} was built for another JupyterLab and is enabled: {bad}"
 
 
