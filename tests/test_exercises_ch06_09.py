@@ -198,27 +198,28 @@ MUTANTS["08_mlp_residuals_layernorm"] = {
     ],
 }
 
-_BLOCK = """
-    def my_encoder_block(X, params, num_heads, norm_first=False):
-        {pre}
+_PARALLEL = """
+    def parallel_block(X, params, num_heads):
+        n = lambda A: tnp.layer_norm(A, params["norm"]["gamma"], params["norm"]["beta"])
         mha = lambda A: tnp.multi_head_attention(A, A, params["attn"], {heads})[0]
         ffn = lambda A: tnp.feed_forward(A, params["ffn"])
-        n1 = lambda A: tnp.layer_norm(A, params["{n1}"]["gamma"], params["{n1}"]["beta"])
-        n2 = lambda A: tnp.layer_norm(A, params["{n2}"]["gamma"], params["{n2}"]["beta"])
-        if norm_first:
-            X = X + mha(n1(X))
-            return X + ffn(n2(X))
-        X = n1(X + mha(X))
-        return n2(X + ffn(X))
+        {body}
     """
-_COUNT = """
-    def encoder_param_count(D, D_ff, L, final_norm=False):
-        {pre}
-        per_block = (4 * D * D + {ab}) + (2 * D * D_ff + {mb}) + {norms}
-        return {cast}({L} * per_block + (2 * D if {final} else 0))
-    """
-_count = dict(cast="int", pre="pass", ab="4 * D", mb="D_ff + D", norms="4 * D", L="L", final="final_norm")
+_par = dict(heads="num_heads")
+_FOLD = """
+    def fold_norms(params):
+        def fold(norm, W, b):
+            return {W}, {b}
 
+        attn, ffn = {copy_attn}, dict(params["ffn"])
+        for k in "QKV":
+            attn[f"W_{{k}}"], attn[f"b_{{k}}"] = fold(params["norm1"], attn[f"W_{{k}}"], attn[f"b_{{k}}"])
+        {ffn}
+        plain = lambda n: {{"gamma": np.ones_like(n["gamma"]), "beta": np.zeros_like(n["beta"])}}
+        return {{"attn": attn, "ffn": ffn, "norm1": {n1}, "norm2": plain(params["norm2"])}}
+    """
+_fold = dict(W='norm["gamma"][:, None] * W', b='norm["beta"] @ W + b', copy_attn='dict(params["attn"])',
+             ffn='ffn["W_1"], ffn["b_1"] = fold(params["norm2"], ffn["W_1"], ffn["b_1"])', n1='plain(params["norm1"])')
 _POOL = """
     def masked_mean_pool(X, valid):
         w = np.asarray(valid, dtype=float)[..., None]
@@ -235,22 +236,26 @@ MUTANTS["09_encoder"] = {
          "your mask is inverted"),
     ],
     "ex9-1-block-tests": [
-        ("placements swapped", _BLOCK.format(pre="norm_first = not norm_first", heads="num_heads",
-                                             n1="norm1", n2="norm2"), "you built the other placement"),
-        ("norm_first ignored", _BLOCK.format(pre="norm_first = False", heads="num_heads",
-                                             n1="norm1", n2="norm2"), "you built the other placement"),
-        ("norms swapped", _BLOCK.format(pre="pass", heads="num_heads", n1="norm2", n2="norm1"),
-         "norm1 and norm2 swapped"),
-        ("one head", _BLOCK.format(pre="pass", heads="1", n1="norm1", n2="norm2"),
+        ("sequential", _PARALLEL.format(**_par, body="Y = X + mha(n(X))\n        return Y + ffn(n(Y))"),
+         "you built the sequential Pre-LN block"),
+        ("no residual", _PARALLEL.format(**_par, body="return mha(n(X)) + ffn(n(X))"), "the residual is missing"),
+        ("Post-LN", _PARALLEL.format(**_par, body="return n(X + mha(X) + ffn(X))"), "you normalised the sum"),
+        ("MLP reads X", _PARALLEL.format(**_par, body="return X + mha(n(X)) + ffn(X)"), "the MLP read X itself"),
+        ("one head", _PARALLEL.format(heads="1", body="return X + mha(n(X)) + ffn(n(X))"),
          "num_heads was not passed on"),
     ],
-    "ex9-2-count-tests": [
-        ("no linear biases", _COUNT.format(**dict(_count, ab="0", mb="0")), "biases of the linear layers"),
-        ("no LayerNorms", _COUNT.format(**dict(_count, norms="0")), "the two LayerNorms"),
-        ("one block", _COUNT.format(**dict(_count, L="1")), "multiply by L"),
-        ("D_ff taken as 4D", _COUNT.format(**dict(_count, pre="D_ff = 4 * D")), "D_ff was taken as 4D"),
-        ("final norm ignored", _COUNT.format(**dict(_count, final="False")), "final_norm=True was ignored"),
-        ("a float", _COUNT.format(**dict(_count, cast="float")), "return a Python int"),
+    "ex9-2-fold-norms-tests": [
+        ("gamma on the columns", _FOLD.format(**dict(_fold, W='W * norm["gamma"][None, :]')),
+         "gamma scaled the columns of W"),
+        ("beta dropped", _FOLD.format(**dict(_fold, b="b")), "beta was dropped"),
+        ("beta not through W", _FOLD.format(**dict(_fold, b='b + norm["beta"]')),
+         "beta was added to the bias as it is"),
+        ("beta through the folded W", _FOLD.format(**dict(_fold, b='norm["beta"] @ (norm["gamma"][:, None] * W) + b')),
+         "beta was multiplied by the folded W"),
+        ("norms not reset", _FOLD.format(**dict(_fold, n1='params["norm1"]')), "norm1 still applies its gamma"),
+        ("norm2 not folded", _FOLD.format(**dict(_fold, ffn="pass")), "norm2 was not folded"),
+        ("params changed in place", _FOLD.format(**dict(_fold, copy_attn='params["attn"]')),
+         "fold_norms changed the params it was given"),
     ],
 }
 
