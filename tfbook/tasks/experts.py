@@ -296,9 +296,11 @@ def _run_lora(name, out, log=print) -> None:
                                            if k[-2:] in (".A", ".B")}}, Path(out) / "experts_lora.pt")
             else:
                 save_model(Path(out) / "experts_full.pt", model, history)
-        if mode == "lora":
+        if mode == "lora":  # score what is shipped: float16 A and B merged, then float16 weights
+            for p in lora_parameters(model):
+                p.data = p.data.half().float()
             merge_lora(model)
-        for p in model.parameters():  # score what is shipped: float16 weights
+        for p in model.parameters():
             p.data = p.data.half().float()
         runs.append(dict(seed=seed, lr=lr, best_step=history.best_step, curve=history.eval,
                          validation=_bits(model, splits.validation), test=_bits(model, splits.test)))
