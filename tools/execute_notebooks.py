@@ -9,6 +9,14 @@ compare. A cell that raises stops the run with a non-zero exit code, unless the
 cell is tagged ``raises-exception``. Prints one line per notebook with its wall
 time; a notebook over ``--budget`` seconds (default 60) is reported and makes the
 exit code non-zero, because chapters must run in under a minute on 2 CPU cores.
+
+The notebook-level metadata is written as JupyterLab writes it when it opens the notebook
+with the pinned ipykernel, so that opening a chapter does not mark it modified:
+``kernelspec`` is the kernel's own spec (``display_name`` "Python 3 (ipykernel)", as
+ipykernel installs it; nbclient would keep whatever the file had) and ``language_info`` is
+the kernel's reply, as nbclient already stores it. ``--metadata-only`` rewrites just those
+two entries (from ipykernel, without starting a kernel) and leaves cells and outputs alone;
+``tests/test_notebook_metadata.py`` checks every committed chapter.
 """
 
 from __future__ import annotations
@@ -25,6 +33,32 @@ from nbclient.exceptions import CellExecutionError
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def kernel_metadata(kernel: str = "python3", language_info: dict | None = None) -> dict:
+    """The notebook-level ``kernelspec`` and ``language_info`` JupyterLab writes for ``kernel``.
+
+    JupyterLab copies ``name``, ``display_name`` and ``language`` from the kernel's spec, and
+    ``language_info`` from the kernel's info reply (``language_info``: that reply, e.g. as
+    nbclient stored it; None: ipykernel's, which is what the reply holds for this Python)."""
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    spec = KernelSpecManager().get_kernel_spec(kernel)
+    if language_info is None:
+        from ipykernel.ipkernel import IPythonKernel
+
+        language_info = dict(IPythonKernel.language_info)
+    return {"kernelspec": {"display_name": spec.display_name, "language": spec.language, "name": kernel},
+            "language_info": language_info}
+
+
+def set_kernel_metadata(nb, kernel: str = "python3") -> bool:
+    """Write :func:`kernel_metadata` into ``nb.metadata``; True if anything changed."""
+    want = kernel_metadata(kernel, nb.metadata.get("language_info"))
+    if all(nb.metadata.get(k) == v for k, v in want.items()):
+        return False
+    nb.metadata.update(nbformat.from_dict(want))
+    return True
+
+
 def execute(path: Path, timeout: int = 120, kernel: str = "python3") -> float:
     """Execute ``path`` in place and return the wall time in seconds."""
     nb = nbformat.read(str(path), as_version=4)
@@ -33,8 +67,23 @@ def execute(path: Path, timeout: int = 120, kernel: str = "python3") -> float:
     start = time.perf_counter()
     client.execute()
     elapsed = time.perf_counter() - start
+    set_kernel_metadata(nb, kernel)     # language_info: the kernel's reply, which nbclient stored
     nbformat.write(nb, str(path))
     return elapsed
+
+
+def rewrite_metadata(path: Path, kernel: str = "python3") -> bool:
+    """Only the notebook-level kernel metadata of ``path`` (no kernel started, cells untouched).
+
+    ``language_info`` comes from ipykernel (its kernel-info reply for the Python running this
+    script). Returns True if the file was rewritten."""
+    nb = nbformat.read(str(path), as_version=4)
+    want = kernel_metadata(kernel)
+    if all(nb.metadata.get(k) == v for k, v in want.items()):
+        return False
+    nb.metadata.update(nbformat.from_dict(want))
+    nbformat.write(nb, str(path))
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,8 +94,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="per-cell timeout in seconds (default 120)")
     parser.add_argument("--budget", type=float, default=60.0,
                         help="wall-time budget per notebook in seconds (default 60)")
+    parser.add_argument("--metadata-only", action="store_true",
+                        help="rewrite only the notebook-level kernelspec and language_info (no execution)")
     args = parser.parse_args(argv)
     paths = args.notebooks or sorted((ROOT / "notebooks").glob("*.ipynb"))
+    if args.metadata_only:
+        for path in paths:
+            print(("rewrote   " if rewrite_metadata(path) else "unchanged ") + str(path))
+        return 0
     status = 0
     for path in paths:
         try:
