@@ -13,27 +13,29 @@ copied from the chapter's own cells (no other cell of the chapter runs)."""
 
 from __future__ import annotations
 
-from exercise_harness import code, exercise_tests, variant
+import pytest
+from exercise_harness import code, exercise_tests, plan, run, variant
 
 CHAPTERS = ("15_vision_transformer", "16_cost", "17_efficient_attention", "18_parallel_training", "A_history")
 
 
 _ROLLOUT = """
-def my_rollout(attentions, residual=True):
+def pruned_rollout(attentions, kept):
     R = None
-    for P in attentions:
+    for l, P in enumerate(attentions):
         A = HEADS
-        if IF:
-            A = RESIDUAL
+        A = RESIDUAL
         R = A if R is None else PRODUCT
+        if l < len(attentions) - 1:
+            R = PRUNE
     return R
 """
 
 
 def _rollout(**change):
     """Exercise 15.2's answer, with the mistake put in by replacing one of its upper-case parts."""
-    return variant(_ROLLOUT, dict(HEADS="P.mean(axis=-3)", IF="residual", RESIDUAL="(A + np.eye(A.shape[-1])) / 2",
-                                  PRODUCT="A @ R"), **change)
+    return variant(_ROLLOUT, dict(HEADS="P.mean(axis=-3)", RESIDUAL="(A + np.eye(A.shape[-1])) / 2",
+                                  PRODUCT="A @ R", PRUNE="R[..., np.asarray(kept[l]), :]"), **change)
 
 
 _RESIZE = """
@@ -64,14 +66,14 @@ MISTAKES["15_vision_transformer"] = {
         "grid read column-major": (_resize(PERM="2, 1, 0"), "rows and columns swapped"),
         "corners aligned": (_resize(CORNERS="True"), "half-pixel centres"),
     },
-    "ex15-2-rollout-tests": {
-        "layers in the wrong order": (_rollout(PRODUCT="R @ A"), "the layers are multiplied in the wrong order"),
-        "rows not renormalised": (_rollout(RESIDUAL="A + np.eye(A.shape[-1])"), "the rows were not renormalised"),
+    "ex15-2-pruned-rollout-tests": {
+        "input tokens pruned too": (_rollout(PRUNE="R[..., np.asarray(kept[l]), :][..., np.asarray(kept[l])]"),
+                                    "its columns are the T = 5 input tokens"),
+        "kept order ignored": (_rollout(PRUNE="R[..., np.sort(kept[l]), :]"), "taken in sorted order"),
+        "no residual": (_rollout(RESIDUAL="A"), "the residual is missing"),
         "heads summed": (_rollout(HEADS="P.sum(axis=-3)", RESIDUAL="(A + np.eye(A.shape[-1])) / "
                                   "(A + np.eye(A.shape[-1])).sum(axis=-1, keepdims=True)"), "the heads were summed"),
-        "residual flag ignored": (_rollout(IF="True"), "residual=False was ignored"),
-        "head axis hard-coded as axis 1": (_rollout(HEADS="P.mean(axis=1)"), "the heads sit on axis -3 (not axis 1)"),
-        "np.dot for the product": (_rollout(PRODUCT="np.dot(A, R)"), "np.dot does not"),
+        "layers in the wrong order": (_rollout(PRODUCT="R @ A"), "pruned_rollout raised"),
     },
 }
 
@@ -121,43 +123,71 @@ MISTAKES["16_cost"] = {
 }
 
 
-_BLOCKS = """
-def attention_by_blocks(Q, K, V, block_size):
-    T_q, D_K = Q.shape
-    q = Q / SCALE
-    m = np.full((T_q, 1), -np.inf)
-    l = np.zeros((T_q, 1))
-    acc = np.zeros((T_q, V.shape[1]))
-    for j0 in range(0, STOP, block_size):
-        S = q @ K[j0:j0 + block_size].T
-        m_new = np.maximum(m, S.max(axis=1, keepdims=True))
-        alpha = ALPHA
-        E = np.exp(S - SHIFT)
-        l = alpha * l + E.sum(axis=1, keepdims=True)
-        acc = alpha * acc + E @ V[j0:j0 + block_size]
-        m = m_new
-    return acc / l
+_MERGE = """
+def merge_attention(Z_a, lse_a, Z_b, lse_b):
+    m = np.maximum(lse_a, lse_b)
+    w_a, w_b = WEIGHTS
+    total = w_a + w_b
+    return ZED, LSE
 """
 
 
-def _blocks(**change):
-    return variant(_BLOCKS, dict(SCALE="math.sqrt(D_K)", STOP="K.shape[0]", ALPHA="np.exp(m - m_new)",
-                                 SHIFT="m_new"), **change)
+def _merge(**change):
+    """Exercise 17.1's answer, with the mistake put in by replacing one of its upper-case parts."""
+    return variant(_MERGE, dict(WEIGHTS="np.exp(lse_a - m), np.exp(lse_b - m)",
+                                ZED="(w_a[:, None] * Z_a + w_b[:, None] * Z_b) / total[:, None]",
+                                LSE="m + np.log(total)"), **change)
+
+
+# The two attacks of issue 28 on the former exercise 17.1 (attention by key blocks, whose memory was
+# measured in the student's process): hide the peak with tracemalloc.reset_peak(), or compute the
+# scores in PyTorch where tracemalloc does not look. Against the merge they have nothing to compute
+# with: no key, value or score reaches the function, so each falls back to a guess and must score
+# zero for the test cell (visible part and whole cell).
+_ATTACK = """
+import sys, tracemalloc
+def merge_attention(Z_a, lse_a, Z_b, lse_b):
+    tracemalloc.reset_peak()                      # attack 1: hide the peak of all scores at once
+    frame = sys._getframe(1)
+    while frame is not None:                      # look for the keys anywhere up the stack
+        names = {**frame.f_globals, **frame.f_locals}
+        if all(n in names for n in ("Q", "K", "V")):
+            Q, K, V = (np.asarray(names[n], dtype=np.float64) for n in ("Q", "K", "V"))
+            S = COMPUTE
+            return Z, lse
+        frame = frame.f_back
+    return (Z_a + Z_b) / 2, np.maximum(lse_a, lse_b)
+"""
+_NUMPY_ALL = ("Q @ K.T / np.sqrt(Q.shape[1]); lse = np.log(np.exp(S - S.max(1, keepdims=True)).sum(1)) + S.max(1); "
+              "Z = np.exp(S - lse[:, None]) @ V")
+_TORCH_ALL = ("torch.from_numpy(Q) @ torch.from_numpy(K).T / Q.shape[1] ** 0.5; lse = torch.logsumexp(S, -1).numpy(); "
+              "Z = torch.softmax(S, -1).numpy() @ V")
+ATTACKS = {
+    ("17_efficient_attention", "ex17-1-merge-attention-tests"): {
+        "tracemalloc.reset_peak() and all scores at once": variant(_ATTACK, dict(COMPUTE=_NUMPY_ALL)),
+        "all scores at once in PyTorch": variant(_ATTACK, dict(COMPUTE=_TORCH_ALL)).replace(
+            "tracemalloc.reset_peak()                      # attack 1: hide the peak of all scores at once",
+            "pass                                          # attack 2: PyTorch's memory is not traced"),
+    },
+}
 
 
 MISTAKES["17_efficient_attention"] = {
-    "ex17-1-attention-by-blocks-tests": {
-        "scores not scaled": (_blocks(SCALE="1.0"), "the scores were not divided by sqrt(D_K)"),
-        "ragged last block dropped": (_blocks(STOP="K.shape[0] - block_size + 1"),
-                                      "the last, shorter block was dropped"),
-        "old sums not re-based": (_blocks(ALPHA="1.0"), "multiply the old denominator and numerator by exp"),
-        "no maximum subtracted": (_blocks(ALPHA="1.0", SHIFT="0.0"), "NaN or inf with scores in the hundreds"),
-        "all scores at once": (code("""
-            def attention_by_blocks(Q, K, V, block_size):
-                S = Q @ K.T / math.sqrt(Q.shape[1])
-                E = np.exp(S - S.max(axis=1, keepdims=True))
-                return (E / E.sum(axis=1, keepdims=True)) @ V
-        """), "did you compute all scores at once?"),
+    "ex17-1-merge-attention-tests": {
+        "equal weights": (_merge(ZED="(Z_a + Z_b) / 2"), "averaged with equal weights"),
+        "not divided by the total mass": (_merge(WEIGHTS="np.exp(lse_a), np.exp(lse_b)",
+                                                 ZED="w_a[:, None] * Z_a + w_b[:, None] * Z_b"),
+                                          "not divided by the total mass"),
+        "lse as the maximum": (_merge(LSE="m"), "not the larger of the two"),
+        "lse as a sum": (_merge(LSE="lse_a + lse_b"), "not lse_a + lse_b"),
+        "no maximum subtracted": (_merge(WEIGHTS="np.exp(lse_a), np.exp(lse_b)", LSE="np.log(total)"),
+                                  "subtract the larger lse before exp"),
+        "attack: " + next(iter(ATTACKS["17_efficient_attention", "ex17-1-merge-attention-tests"])):
+            (ATTACKS["17_efficient_attention", "ex17-1-merge-attention-tests"][
+                "tracemalloc.reset_peak() and all scores at once"], "averaged with equal weights"),
+        "attack: all scores at once in PyTorch":
+            (ATTACKS["17_efficient_attention", "ex17-1-merge-attention-tests"]["all scores at once in PyTorch"],
+             "averaged with equal weights"),
     },
     "ex17-4-linear-rnn-tests": {
         "read before the update": (code("""
@@ -285,3 +315,11 @@ MISTAKES["A_history"] = {
 
 
 globals().update(exercise_tests(MISTAKES, CHAPTERS))
+
+
+@pytest.mark.parametrize("chapter,gid,attack", [(c, g, a) for (c, g), per in ATTACKS.items() for a in per])
+def test_attacks_score_zero_for_their_test_cell(chapter, gid, attack):
+    """An attack of issue 28 fails the whole test cell (hidden part included): zero points for it."""
+    exc, printed = run(chapter, ATTACKS[chapter, gid][attack], plan(chapter).test(gid).source)
+    assert isinstance(exc, AssertionError), (attack, exc, printed)
+    assert "✔ the merge uses only" not in printed, printed

@@ -61,12 +61,13 @@ MUTANTS = {NB: {
                 return W @ np.eye(W.shape[1])[:, cols]
             """, "keep W's dtype"),
     ],
-    "ex14-2-cache-size-tests": [
-        ("keys only", "prediction_cache_mib = 192", "one of them was forgotten"),
-        ("all heads", "prediction_cache_mib = 1536", "instead of H_kv D_K"),
-        ("float32", "prediction_cache_mib = 768", "float32"),
-        ("one layer", "prediction_cache_mib = 16", "one layer only"),
-        ("MB", "prediction_cache_mib = 402.65", "MB (10^6 bytes) instead of MiB"),
+    "ex14-2-llama-params-tests": [
+        ("tied head", "prediction_params = 68_976_648_192 - 32000 * 8192", "tied to the embedding"),
+        ("keys of all heads", "prediction_params = 68_976_648_192 + 2 * 80 * 8192 * (8192 - 1024)", "D x H_KV D_K"),
+        ("two-matrix MLP", "prediction_params = 68_976_648_192 - 80 * 8192 * 28672", "SwiGLU has three"),
+        ("LayerNorm", "prediction_params = 68_976_648_192 + 161 * 8192", "RMSNorm has a gain only"),
+        ("no final norm", "prediction_params = 68_976_648_192 - 8192", "final RMSNorm"),
+        ("position table", "prediction_params = 68_976_648_192 + 4096 * 8192", "rotary positions have no parameters"),
     ],
     "ex14-3-gqa-from-mha-tests": [
         ("W_Q pooled", _gqa(QUERY='np.repeat(pool(params["W_Q"]).reshape(D, num_kv_heads, D_K), G, axis=1).reshape(D, D)'),

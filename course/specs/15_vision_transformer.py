@@ -6,10 +6,10 @@ HIDDEN = {
         "B": "a 6 x 6 grid shrunk to 3 x 3",
         "C": "the same grid size (the table must come back unchanged)",
     },
-    "ex15-2-rollout-tests": {
-        "D": "three layers, two batch axes, with the residual",
-        "E": "three layers, two batch axes, without the residual",
-        "F": "a single layer (no product at all)",
+    "ex15-2-pruned-rollout-tests": {
+        "D": "three layers, two batch axes, two prunings that reorder the kept tokens",
+        "E": "nothing pruned: equal to the rollout of the chapter",
+        "F": "a single layer (no product, nothing pruned)",
     },
     "ex15-3-prediction-tests": {"G": "the predicted entries"},
     "ex15-4-score-growth-tests": {"H": "the predicted growth factor"},
