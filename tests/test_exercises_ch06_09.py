@@ -67,81 +67,75 @@ MUTANTS["06_permutation_equivariance"] = {
     ],
 }
 
-_ROTARY = """
-def rotary(X, positions, base=10000.0):
+_DECODE = """
+def decode_position(pe, base=10000.0):
+    pe = np.asarray(pe, dtype=float)
+    D = pe.shape[-1]
+    omega = base ** (-FREQ / D)
+    angle = ANGLE
+    return ROUND
+"""
+
+
+def _decode(**change) -> str:
+    """Exercise 7.1's answer, with the mistake put in by replacing one of its upper-case parts."""
+    return variant(_DECODE, dict(FREQ="(D - 2)", ANGLE="np.arctan2(pe[..., D - 2], pe[..., D - 1]) % (2 * np.pi)",
+                                 ROUND="np.rint(angle / omega).astype(int)"), **change)
+
+
+_ROT2 = """
+def rotary_2d(X, rows, cols, base=10000.0):
     D = X.shape[-1]
-    theta = POSITIONS[:, None] * BASE ** (-FREQS / D)
-    c, s = np.cos(theta), np.sin(theta)
+    h = D // 2
     out = np.empty(np.shape(X))
-    out[..., 0::2] = EVEN
-    out[..., 1::2] = ODD
+    for lo, pos in ((0, ROWS), (h, COLS)):
+        theta = np.asarray(pos, dtype=float)[:, None] * BASE ** (-np.arange(0, h, 2) / WIDTH)
+        c, s = np.cos(theta), np.sin(theta)
+        x0, x1 = X[..., lo:lo + h:2], X[..., lo + 1:lo + h:2]
+        out[..., lo:lo + h:2] = EVEN
+        out[..., lo + 1:lo + h:2] = ODD
     return out
 """
 
 
-def _rotary(**change) -> str:
-    """Exercise 7.2's answer, with the mistake put in by replacing one of its upper-case parts."""
-    return variant(_ROTARY, dict(POSITIONS="np.asarray(positions, dtype=float)", BASE="base", FREQS="np.arange(0, D, 2)",
-                                 EVEN="X[..., 0::2] * c - X[..., 1::2] * s", ODD="X[..., 0::2] * s + X[..., 1::2] * c"),
-                   **change)
+def _rot2(**change) -> str:
+    """Exercise 7.2's answer (written out, without tnp.rope), with the mistake put in by replacing one of its
+    upper-case parts."""
+    return variant(_ROT2, dict(ROWS="rows", COLS="cols", BASE="base", WIDTH="h",
+                               EVEN="x0 * c - x1 * s", ODD="x0 * s + x1 * c"), **change)
 
 
 MUTANTS["07_positional_information"] = {
     "ex7-1-sinusoidal-tests": [
-        ("sin and cos swapped", """
-            def sinusoidal_encoding(T, D, base=10000.0):
-                angle = np.arange(T)[:, None] * base ** (-np.arange(0, D, 2) / D)
-                PE = np.empty((T, D))
-                PE[:, 0::2], PE[:, 1::2] = np.cos(angle), np.sin(angle)
-                return PE
-            """, "cosines in the even channels"),
-        ("sines then cosines", """
-            def sinusoidal_encoding(T, D, base=10000.0):
-                angle = np.arange(T)[:, None] * base ** (-np.arange(0, D, 2) / D)
-                return np.concatenate([np.sin(angle), np.cos(angle)], axis=1)
-            """, "all sines first"),
-        ("exponent i/D", """
-            def sinusoidal_encoding(T, D, base=10000.0):
-                angle = np.arange(T)[:, None] * base ** (-np.arange(D // 2) / D)
-                PE = np.empty((T, D))
-                PE[:, 0::2], PE[:, 1::2] = np.sin(angle), np.cos(angle)
-                return PE
-            """, "the exponent is 2i/D, not i/D"),
-        ("each channel its own exponent", """
-            def sinusoidal_encoding(T, D, base=10000.0):
-                angle = np.arange(T)[:, None] * base ** (-np.arange(D) / D)
-                return np.where(np.arange(D) % 2 == 0, np.sin(angle), np.cos(angle))
-            """, "has its pair's frequency"),
-        ("base ignored", """
-            def sinusoidal_encoding(T, D, base=10000.0):
-                angle = np.arange(T)[:, None] * 10000.0 ** (-np.arange(0, D, 2) / D)
-                PE = np.empty((T, D))
-                PE[:, 0::2], PE[:, 1::2] = np.sin(angle), np.cos(angle)
-                return PE
-            """, "the base argument was ignored"),
-        ("float32", """
-            def sinusoidal_encoding(T, D, base=10000.0):
-                angle = np.arange(T, dtype=np.float32)[:, None] * np.float32(base) ** (-np.arange(0, D, 2, dtype=np.float32) / D)
-                PE = np.empty((T, D), dtype=np.float32)
-                PE[:, 0::2], PE[:, 1::2] = np.sin(angle), np.cos(angle)
-                return PE
-            """, "return float64"),
+        ("float positions", _decode(ROUND="np.rint(angle / omega)"), "integer array"),
+        ("the sine alone", _decode(ANGLE="np.arcsin(pe[..., D - 2])"), "the sine alone is ambiguous"),
+        ("the cosine alone", _decode(ANGLE="np.arccos(pe[..., D - 1])"), "the cosine alone cannot tell"),
+        ("arctan2 not wrapped", _decode(ANGLE="np.arctan2(pe[..., D - 2], pe[..., D - 1])"),
+         "np.arctan2 returns angles in (-pi, pi]"),
+        ("the fastest pair", _decode(FREQ="0", ANGLE="np.arctan2(pe[..., 0], pe[..., 1]) % (2 * np.pi)"),
+         "the fastest pair turns once every 2 pi"),
+        ("exponent without the 2", _decode(FREQ="(D / 2 - 1)"), "times too large"),
+        ("exponent -1", _decode(FREQ="D"), "times too large"),
+        ("truncated, not rounded", _decode(ROUND="(angle / omega).astype(int)"), "one too small"),
     ],
     "ex7-2-rotary-tests": [
-        ("clockwise", _rotary(EVEN="X[..., 0::2] * c + X[..., 1::2] * s", ODD="-X[..., 0::2] * s + X[..., 1::2] * c"),
-         "the pairs turn clockwise"),
-        ("halves paired", """
-            def rotary(X, positions, base=10000.0):
+        ("clockwise", _rot2(EVEN="x0 * c + x1 * s", ODD="-x0 * s + x1 * c"), "the pairs turn clockwise"),
+        ("rows and columns swapped", _rot2(ROWS="cols", COLS="rows"), "rows and columns swapped"),
+        ("columns ignored", _rot2(COLS="rows"), "the cols argument was ignored"),
+        ("width-D frequencies", _rot2(WIDTH="D"), "each half is a rotary embedding of width D/2"),
+        ("interleaved axes", """
+            def rotary_2d(X, rows, cols, base=10000.0):
                 D = X.shape[-1]
-                theta = np.asarray(positions, dtype=float)[:, None] * base ** (-np.arange(0, D, 2) / D)
+                w = base ** (-np.arange(0, D // 2, 2) / (D // 2))            # the D/4 frequencies of a half
+                pos = np.stack([np.asarray(rows), np.asarray(cols)], -1)    # even pairs: the row; odd pairs: the column
+                theta = np.repeat(w, 2)[None, :] * pos[:, np.arange(D // 2) % 2]
                 c, s = np.cos(theta), np.sin(theta)
-                x0, x1 = X[..., : D // 2], X[..., D // 2:]
-                return np.concatenate([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1)
-            """, "paired with a channel of the other half"),
-        ("exponent i/D", _rotary(FREQS="np.arange(D // 2)"), "the exponent is 2i/D, not i/D"),
-        ("positions ignored", _rotary(POSITIONS="np.arange(X.shape[-2], dtype=float)"),
-         "the positions argument was ignored"),
-        ("base ignored", _rotary(BASE="10000.0"), "the base argument was ignored"),
+                out = np.empty(np.shape(X))
+                out[..., 0::2] = X[..., 0::2] * c - X[..., 1::2] * s
+                out[..., 1::2] = X[..., 0::2] * s + X[..., 1::2] * c
+                return out
+            """, "interleaved"),
+        ("base ignored", _rot2(BASE="10000.0"), "the base argument was ignored"),
     ],
 }
 

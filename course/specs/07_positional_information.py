@@ -2,12 +2,12 @@
 
 HIDDEN = {
     "ex7-1-sinusoidal-tests": {
-        "A": "another base than 10000 (use the `base` argument)",
-        "B": "a single position",
-        "C": "every encoding vector must have squared length D/2",
+        "A": "another base than 10000 (use the `base` argument) and another width",
+        "B": "leading batch axes: one position per encoding vector",
+        "C": "a wide encoding and positions in the tens of thousands",
     },
     "ex7-2-rotary-tests": {
-        "D": "a 4-D batch with positions in no particular order",
+        "D": "a 4-D batch with rows and columns in no particular order",
         "E": "another base than 10000 (use the `base` argument)",
         "F": "a rotation must keep every vector's length",
     },
