@@ -23,6 +23,7 @@ import nbformat
 import numpy as np
 import pytest
 from conftest import processes_with
+from grader_release import released_chapters
 
 from tfbook.course import (
     demo as course_demo,
@@ -41,9 +42,8 @@ pytestmark = pytest.mark.skipif(not MASTER.exists(), reason="chapter 0 not writt
 
 
 @pytest.fixture(scope="module")
-def released(tmp_path_factory):
-    out = tmp_path_factory.mktemp("release")
-    return course_release.release(out=out, verbose=False)  # every chapter notebook
+def released():
+    return released_chapters()  # every chapter notebook, released once per test process
 
 
 def test_release_has_stubs_and_no_secrets(released):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from grader_release import released_chapters
 
 from tfbook.course import (
     demo as course_demo,
@@ -54,7 +55,7 @@ def _shared_kernel_points(nb, master) -> float:
 
 @pytest.fixture(scope="module")
 def cheats(tmp_path_factory):
-    rel = course_release.release([MASTER], out=tmp_path_factory.mktemp("rel"), verbose=False)
+    rel = {CH0: released_chapters()[CH0]}  # chapter 0 only: make_class writes every chapter it is given
     subs = tmp_path_factory.mktemp("subs")
     out = tmp_path_factory.mktemp("out")
     course_demo.make_class(subs, rel, out, "cheats", 9, names=list(CHEATS))

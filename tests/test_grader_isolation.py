@@ -39,7 +39,7 @@ MASTER = ROOT / "notebooks" / f"{CH0}.ipynb"
 @pytest.mark.skipif(not MASTER.exists(), reason="chapter 0 not written yet")
 def test_attacks_succeed_without_the_sandbox(tmp_path):
     tag = uuid.uuid4().hex[:12]
-    rel = released_chapters()
+    rel = {CH0: released_chapters()[CH0]}  # chapter 0 only: make_class writes every chapter it is given
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(16)
