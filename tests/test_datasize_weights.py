@@ -14,9 +14,15 @@ def test_record_covers_the_grid_and_the_chapter_claims():
     runs = r["runs"]
     assert {(x["model"], x["n"], x["seed"]) for x in runs} == {
         (m, n, s) for m in S.MODELS for n in r["sizes"] for s in S.SEEDS}
-    assert r["lr_cnn"] in S.CNN_LRS
-    best = max(r["search"], key=lambda x: x["val_correct"])
-    assert best["lr"] == r["lr_cnn"]                      # chosen on validation
+    # a learning rate per model and size, chosen on validation by the seed-0 runs of every rate
+    chosen = {(c["model"], c["n"]): c["lr"] for c in r["chosen"]}
+    assert set(chosen) == {(m, n) for m in S.MODELS for n in r["sizes"]}
+    for (m, n), lr in chosen.items():
+        val = {x["lr"]: x["val_correct"] for x in r["search"] if (x["model"], x["n"], x["seed"]) == (m, n, 0)}
+        assert sorted(val) == sorted(S.LRS)
+        assert val[lr] == max(val.values()) and lr == S.choose_lr(r["search"], m, n)
+        assert {x["lr"] for x in runs if (x["model"], x["n"]) == (m, n)} == {lr}
+    assert r["lr_cnn"] == chosen["cnn", max(r["sizes"])]
     acc = {(m, n): np.array([x["test_correct"] for x in runs if x["model"] == m and x["n"] == n])
            for m in S.MODELS for n in r["sizes"]}
     for n in r["sizes"]:
@@ -43,6 +49,15 @@ def test_cnn_is_the_vits_size_and_checks_its_input():
         S.config("mlp")
     with pytest.raises(ValueError, match="n must be"):
         S.subset(5, 0, torch.arange(100) % 10)
+
+
+def test_choose_lr_takes_the_best_validation_count_and_breaks_ties_towards_the_recipe():
+    run = lambda lr, v: {"model": "cnn", "n": 150, "lr": lr, "val_correct": v}
+    assert S.choose_lr([run(1e-3, 130), run(3e-3, 131), run(1e-2, 132)], "cnn", 150) == 1e-2
+    assert S.choose_lr([run(1e-3, 132), run(3e-3, 132), run(1e-2, 132)], "cnn", 150) == S.RECIPE["lr"]
+    assert S.choose_lr([run(1e-3, 132), run(3e-3, 130), run(1e-2, 132)], "cnn", 150) in (1e-3, 1e-2)
+    with pytest.raises(ValueError, match="no run"):
+        S.choose_lr([run(1e-3, 1)], "vit", 150)
 
 
 def test_subset_is_stratified_and_seeded():
