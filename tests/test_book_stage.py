@@ -104,3 +104,33 @@ def test_pdf_is_linked_only_when_it_exists(tmp_path):
     assert sphinx["html_context"] == {"default_mode": "auto", "tfbook_pdf": "tfbook.pdf", "tfbook_pdf_mb": "2.0"}
     assert sphinx["html_extra_path"] == ["_pdf"]
     assert (tmp_path / "_pdf" / "tfbook.pdf").read_bytes()[:5] == b"%PDF-"
+
+
+def test_latex_chapters_numbered_as_on_the_site():
+    """tfbook_latex: front and appendix chapters unnumbered, unnumbered parts, chapter 0."""
+    from tfbook_latex import rewrite
+
+    def chapter(title, doc):
+        return f"\\chapter{{{title}}}\n\\label{{\\detokenize{{{doc}:x}}}}body\n"
+
+    tex = (chapter("How to read it", "book/intro") + chapter("Running", "book/running")
+           + chapter("Setup", "notebooks/00_setup") + chapter("Tokens", "notebooks/01_tokens")
+           + chapter("History", "notebooks/A_history"))
+    parts = [("Start here", False, ["book/running"]), ("Foundations", True, ["notebooks/00_setup", "notebooks/01_tokens"]),
+             ("Appendix", False, ["notebooks/A_history"])]
+    out = rewrite(tex, parts)
+    lines = [line for line in out.splitlines() if line.startswith("\\") and "label" not in line]
+    assert lines == [
+        "\\addtocounter{secnumdepth}{-10}",
+        "\\chapter*{How to read it}\\addcontentsline{toc}{chapter}{How to read it}",
+        "\\part*{Start here}\\addcontentsline{toc}{part}{Start here}",
+        "\\chapter*{Running}\\addcontentsline{toc}{chapter}{Running}",
+        "\\part*{Foundations}\\addcontentsline{toc}{part}{Foundations}",
+        "\\setcounter{chapter}{-1}",
+        "\\addtocounter{secnumdepth}{10}",
+        "\\chapter{Setup}",
+        "\\chapter{Tokens}",
+        "\\part*{Appendix}\\addcontentsline{toc}{part}{Appendix}",
+        "\\addtocounter{secnumdepth}{-10}",
+        "\\chapter*{History}\\addcontentsline{toc}{chapter}{History}",
+    ], lines

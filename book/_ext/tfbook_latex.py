@@ -7,7 +7,7 @@ from ``_toc.yml``:
 
 * the landing page's sections and the chapters of unnumbered parts ("Start here", "Appendix")
   are unnumbered chapters (``\\chapter*``, still in the table of contents), as on the site;
-* each part of the table of contents starts with ``\\part{caption}``;
+* each part of the table of contents starts with an unnumbered ``\\part*{caption}``;
 * the chapter counter starts at 0 before the first numbered chapter (``00_setup_and_notation``
   is chapter 0, its equations (0.1), ...), as ``chapter_zero`` numbers the site.
 
@@ -55,8 +55,9 @@ def rewrite(tex: str, parts: list[tuple[str, bool, list[str]]]) -> str:
         head = ""
         if doc not in seen_docs:
             seen_docs.add(doc)
-            if doc in first_of_part:
-                head += f"\\part{{{first_of_part[doc]}}}\n"
+            if doc in first_of_part:  # unnumbered, as on the site
+                caption = first_of_part[doc]
+                head += f"\\part*{{{caption}}}\\addcontentsline{{toc}}{{part}}{{{caption}}}\n"
             if doc == first_numbered:
                 head += "\\setcounter{chapter}{-1}\n"
         numbered = part_of.get(doc, (None, False))[1]
@@ -82,7 +83,7 @@ def _build_finished(app, exception):
             continue
         new = rewrite(tex, _parts(toc))
         tex_path.write_text(new, encoding="utf-8")
-        LOGGER.info(f"tfbook_latex: {tex_path.name}: {new.count(chr(92) + 'part{')} parts, "
+        LOGGER.info(f"tfbook_latex: {tex_path.name}: {new.count(chr(92) + 'part*{')} parts, "
                     f"{new.count(chr(92) + 'chapter{')} numbered chapters")
 
 

@@ -28,7 +28,6 @@ every page (no stale highlights); ``searchindex.js`` is still written by Sphinx 
 
 from __future__ import annotations
 
-import asyncio
 import re
 import time
 from pathlib import Path
@@ -112,26 +111,38 @@ def page_for_index(html: str) -> str | None:
             f"</head><body><main data-pagefind-body>{article}</main></body></html>")
 
 
-async def _index(outdir: Path) -> int:
-    from pagefind.index import PagefindIndex
+def build_index(outdir: Path) -> int:
+    """Write the Pagefind index of the built site in ``outdir`` into ``outdir/pagefind``.
 
+    The pages as the index should read them (:func:`page_for_index`) are written to a
+    temporary copy of the site, which Pagefind's command line indexes in one process that
+    exits when every file is written (its Python API's service wrote pagefind-entry.json
+    empty once, under load, when it was closed). Returns the number of pages indexed."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    outdir = Path(outdir)
+    bundle = outdir / "pagefind"
     pages = 0
-    async with PagefindIndex(config={"force_language": "en", "output_path": str(outdir / "pagefind")}) as index:
+    with tempfile.TemporaryDirectory(prefix="tfbook-pagefind-") as tmp:
         for path in sorted(outdir.rglob("*.html")):
-            rel = path.relative_to(outdir).as_posix()
-            if rel in SKIP or rel.split("/")[0] in ("_static", "_sources", "_images", "pagefind"):
+            rel = path.relative_to(outdir)
+            if rel.as_posix() in SKIP or rel.parts[0] in ("_static", "_sources", "_images", "pagefind"):
                 continue
             content = page_for_index(path.read_text(encoding="utf-8"))
             if content is None:
                 continue
-            await index.add_html_file(content=content, url="/" + rel)
+            (Path(tmp) / rel).parent.mkdir(parents=True, exist_ok=True)
+            (Path(tmp) / rel).write_text(content, encoding="utf-8")
             pages += 1
+        subprocess.run([sys.executable, "-m", "pagefind", "--site", tmp, "--output-path", str(bundle),
+                        "--force-language", "en", "--quiet"], check=True)
+    entry = json.loads((bundle / "pagefind-entry.json").read_text(encoding="utf-8"))
+    if not entry.get("languages") or not (bundle / "pagefind-ui.js").is_file():
+        raise RuntimeError(f"tfbook_search: Pagefind wrote no usable index in {bundle}")
     return pages
-
-
-def build_index(outdir: Path) -> int:
-    """Write the Pagefind index of the built site in ``outdir`` into ``outdir/pagefind``."""
-    return asyncio.run(_index(Path(outdir)))
 
 
 def _build_finished(app, exception):
@@ -139,8 +150,6 @@ def _build_finished(app, exception):
         return
     start = time.perf_counter()
     pages = build_index(Path(app.outdir))
-    if not (Path(app.outdir) / "pagefind" / "pagefind-ui.js").is_file():
-        raise RuntimeError("tfbook_search: Pagefind wrote no pagefind-ui.js")
     LOGGER.info(f"tfbook_search: Pagefind indexed {pages} pages in {time.perf_counter() - start:.1f} s")
 
 

@@ -16,7 +16,7 @@
     const vw = dialog.clientWidth - 2 * PAD, vh = dialog.clientHeight - 2 * PAD;
     const upright = Math.min(1, vw / w, vh / h);
     const turned = Math.min(1, vh / w, vw / h);
-    const turn = vh > vw && turned > upright * 1.1;
+    const turn = vh > vw && turned > upright * 1.02;  // turned whenever that shows it larger
     const scale = turn ? turned : upright;
     img.style.width = `${w * scale}px`;
     img.style.height = `${h * scale}px`;
