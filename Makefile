@@ -1,6 +1,7 @@
 # The single entry point. Everything runs inside .venv, created from requirements.txt.
 #   make book         build the book into _build/html (installs what it needs first)
 #   make course-book  build the course edition (no solutions) into _build/course/html
+#   make pdf          the whole book as one PDF, _build/pdf/tfbook.pdf (XeLaTeX; `make book` after it links it)
 #   make test         run the whole test suite (installs what it needs first)
 #   make release      student notebooks (no solutions, no hidden tests) into _build/release
 #   make grade SUBMISSIONS=folder   autograde a folder of submissions into _build/grades
@@ -10,7 +11,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv book course-book mathjax chromium test test-profile-b clean release grade
+.PHONY: venv book course-book mathjax chromium test test-profile-b clean release grade pdf latex
 
 # The pinned requirements need Python >= 3.11 (checked first, with a hint). PyTorch's build:
 # tools/torch_choice.py prints the pip arguments of a step run before the requirements, from
@@ -30,9 +31,6 @@ $(STAMP): requirements.txt pyproject.toml tools/torch_choice.py
 	  { test -z "$$torch_args" || $(BIN)/python -m pip install --quiet $$torch_args; }
 	$(BIN)/python -m pip install --quiet -r requirements.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e .
-	# nbgrader's JupyterLab extension is built for Lab 4.6 (requirements.txt); the course uses nbgrader's
-	# command line only, so the extension is turned off in this venv (tests/test_lab_extensions.py)
-	$(BIN)/jupyter labextension disable --level=sys_prefix @jupyter/nbgrader
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -57,7 +55,7 @@ mathjax: $(MATHJAX)
 book: $(STAMP) $(MATHJAX)
 	rm -rf _build/html _build/.doctrees _build/jupyter_execute _stage/public
 	$(BIN)/python tools/check_notebooks.py $(NOTEBOOKS)
-	$(BIN)/python tools/stage_book.py --mode public --out _stage/public --notebooks $(NOTEBOOKS)
+	$(BIN)/python tools/stage_book.py --mode public --out _stage/public --notebooks $(NOTEBOOKS) --pdf $(PDF)
 	$(BIN)/jupyter-book build _stage/public --path-output _stage/public $(JB_FLAGS)
 	mkdir -p _build && mv _stage/public/_build/html _build/html
 
@@ -67,6 +65,24 @@ course-book: $(STAMP) $(MATHJAX)
 	$(BIN)/python tools/stage_book.py --mode course --out _stage/course --notebooks $(NOTEBOOKS)
 	$(BIN)/jupyter-book build _stage/course --path-output _stage/course $(JB_FLAGS)
 	mkdir -p _build/course && mv _stage/course/_build/html _build/course/html
+
+# The whole book as one PDF, _build/pdf/tfbook.pdf: the public edition through Sphinx's LaTeX
+# builder and XeLaTeX (Debian's TeX Live, installed like chromium). `make book` run after it
+# copies the PDF into the site and links it from every page; without it the site has no link.
+PDF := _build/pdf/tfbook.pdf
+TEX_PACKAGES := texlive-xetex texlive-latex-recommended texlive-latex-extra texlive-fonts-recommended \
+	latexmk xindy fonts-freefont-otf fonts-dejavu-core lmodern tex-gyre
+latex:
+	command -v xelatex >/dev/null && command -v latexmk >/dev/null && command -v xindy >/dev/null \
+	  && test -d /usr/share/fonts/opentype/freefont || { $(SUDO) apt-get update -qq && $(APT_INSTALL) $(TEX_PACKAGES); }
+
+pdf: $(STAMP) $(MATHJAX) latex
+	rm -rf _stage/pdf $(PDF)
+	$(BIN)/python tools/check_notebooks.py $(NOTEBOOKS)
+	$(BIN)/python tools/stage_book.py --mode pdf --out _stage/pdf --notebooks $(NOTEBOOKS)
+	$(BIN)/jupyter-book build _stage/pdf --path-output _stage/pdf --builder pdflatex -n --keep-going
+	mkdir -p $(dir $(PDF)) && cp _stage/pdf/_build/latex/tfbook.pdf $(PDF)
+	@echo "make pdf: $(PDF), $$(du -h $(PDF) | cut -f1)"
 
 # ---- tests --------------------------------------------------------------------------
 # Headless Chromium for tests/test_book_browser.py (Debian's package).
