@@ -323,3 +323,31 @@ def test_attacks_score_zero_for_their_test_cell(chapter, gid, attack):
     exc, printed = run(chapter, ATTACKS[chapter, gid][attack], plan(chapter).test(gid).source)
     assert isinstance(exc, AssertionError), (attack, exc, printed)
     assert "✔ the merge uses only" not in printed, printed
+
+
+# Wrong answers that pass the visible tests and that a hidden case catches: each must fail the whole
+# test cell (zero points for it) while its visible part passes.
+HIDDEN_CATCHES = {
+    ("15_vision_transformer", "ex15-2-pruned-rollout-tests"): {
+        "only the first pruning applied (two layers only)": _rollout(PRUNE="R[..., np.asarray(kept[0]), :] if l == 0 else R"),
+        "heads on axis 1 (one batch axis only)": _rollout(HEADS="P.mean(axis=1)"),
+    },
+    ("17_efficient_attention", "ex17-1-merge-attention-tests"): {
+        "part a's lse as the reference (overflows when b dominates)": code("""
+            def merge_attention(Z_a, lse_a, Z_b, lse_b):
+                w_b = np.exp(lse_b - lse_a)
+                return (Z_a + w_b[:, None] * Z_b) / (1 + w_b)[:, None], lse_a + np.log1p(w_b)
+        """),
+        "the result squeezed (one query loses its axis)": _merge(ZED="((w_a[:, None] * Z_a + w_b[:, None] * Z_b) "
+                                                                 "/ total[:, None]).squeeze()"),
+    },
+}
+
+
+@pytest.mark.parametrize("chapter,gid,wrong", [(c, g, w) for (c, g), per in HIDDEN_CATCHES.items() for w in per])
+def test_hidden_cases_catch_what_the_visible_tests_let_through(chapter, gid, wrong):
+    source = HIDDEN_CATCHES[chapter, gid][wrong]
+    exc, printed = run(chapter, source, plan(chapter).test(gid).visible)
+    assert exc is None, (wrong, "the visible part already fails", exc, printed)
+    exc, printed = run(chapter, source, plan(chapter).test(gid).source)
+    assert exc is not None, (wrong, "no hidden case caught it", printed)
