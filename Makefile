@@ -31,6 +31,9 @@ $(STAMP): requirements.txt pyproject.toml tools/torch_choice.py
 	  { test -z "$$torch_args" || $(BIN)/python -m pip install --quiet $$torch_args; }
 	$(BIN)/python -m pip install --quiet -r requirements.txt
 	$(BIN)/python -m pip install --quiet --no-deps -e .
+	# nbgrader's JupyterLab extension is built for Lab 4.6 (requirements.txt); the course uses nbgrader's
+	# command line only, so the extension is turned off in this venv (tests/test_lab_extensions.py)
+	$(BIN)/jupyter labextension disable --level=sys_prefix @jupyter/nbgrader
 	touch $(STAMP)
 
 venv: $(STAMP)
