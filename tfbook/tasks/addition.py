@@ -133,8 +133,8 @@ def train(steps: int | None = None, seed: int | None = None, disable: bool = Tru
              seed=RECIPE["seed"] if seed is None else int(seed))
     splits = data(r["n_train"], r["n_validation"], r["n_test"], reverse=reverse)
     x_all, y_all = answer_targets(splits.train)
-    if reverse is not True:
-        r["reverse"] = bool(reverse)
+    if not reverse:
+        r["reverse"] = False  # recorded only when it differs from the shipped (backward) recipe
     evaluation = {}
     if eval_every is not None:
         evaluation = dict(eval_fn=lambda m: exact_match(m, splits.validation).double().mean().item(),
