@@ -1024,9 +1024,9 @@ def grade(submissions: Path, out: Path = ROOT / "_build" / "grades", timeout: fl
                             break
                         except Exception as exc:  # noqa: BLE001  (one broken submission never stops the batch)
                             _log_fault(logs, row, n)
-                            row.score, row.status, row.reason = 0.0, "error", \
-                                f"grader: {judge_mod.error_name(type(exc).__name__)} (see the log)"
-                            row.exercises, row.cells = [], {}
+                            row.score, row.exercises, row.cells = 0.0, [], {}
+                            row.status, row.reason = ("error", f"grader: {judge_mod.error_name(type(exc).__name__)}"
+                                                      " (see the log)") if n == 2 else ("graded", "")
                             if slot is not None:
                                 slot.kill_all()
                 finally:

@@ -21,6 +21,7 @@ import importlib.util
 import inspect
 import re
 import sys
+import threading
 from pathlib import Path
 
 POLICIES = Path(__file__).resolve().parents[2] / "course" / "policies.py"
@@ -28,6 +29,10 @@ _MARKER = re.compile(r"^\s*#\s*NBVAL_[A-Z_]+\s*$")
 
 
 _LOADED: dict = {}
+# One ast.parse at a time: CPython 3.11's AST constructor keeps its recursion depth in
+# interpreter-wide state, so two grading threads parsing at once can fail with "SystemError: AST
+# constructor recursion depth mismatch" (the grader error seen with --jobs 2 on a loaded machine).
+_PARSING = threading.Lock()
 
 
 def load(path: Path = POLICIES) -> dict:
@@ -177,8 +182,9 @@ def violations(plan, sub, master_sources: set[str], policies: dict) -> dict[str,
         if cell.cell_type != "code":
             continue
         try:
-            tree = ast.parse(cell.source)
-        except SyntaxError:
+            with _PARSING:
+                tree = ast.parse(cell.source)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
             continue
         trees.append(tree)
         gid = (cell.get("metadata", {}).get("nbgrader", {}) or {}).get("grade_id")
