@@ -59,7 +59,7 @@ from ._common import Splits, cli, load_blob, load_state, pick, save_model, shipp
 
 __all__ = ["RECIPE", "KINDS", "SHAPE", "ARTIFACTS", "EXPERT", "data", "config", "train", "evaluate", "scores",
            "load_pretrained", "load_scores", "save", "FT_RECIPE", "FT_LRS", "LORA_RANKS", "LORA_NAMES",
-           "new_text", "lora_data", "finetune", "load_finetuned", "load_lora_scores", "main"]
+           "SETTINGS", "new_text", "lora_data", "finetune", "load_finetuned", "load_lora_scores", "main"]
 
 #: the shared recipe (``lr`` the same for every kind, not searched; ``balance`` the balance loss
 #: coefficient, Switch Transformer's 0.01)
@@ -270,6 +270,7 @@ def finetune(mode: str = "lora", rank: int = 4, seed: int = 0, lr: float = 3e-3,
     return model, history, trainable
 
 
+#: the fine-tuning settings compared with no fine-tuning: every parameter, and LoRA at each rank
 SETTINGS = ("full",) + tuple(f"lora-r{r}" for r in LORA_RANKS)
 
 

@@ -1,0 +1,67 @@
+"""The shipped artifacts of tfbook.tasks.experts (chapter 19) meet the chapter's bars, and the
+seed-0 weights reproduce their recorded scores (float64, any machine)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tfbook.tasks import experts as task
+from tfbook.tasks import modern
+from tfbook.torch.experts import merge_lora
+
+
+def test_every_artifact_is_shipped_with_three_seeds():
+    scores = task.load_scores()
+    for kind in task.KINDS:
+        runs = scores[kind]["runs"]
+        assert [r["seed"] for r in runs] == list(task.RECIPE["seeds"])
+        assert all(math.isfinite(r["test"]) and r["best_step"] <= task.RECIPE["steps"] for r in runs)
+    lora = task.load_lora_scores()
+    assert set(lora["runs"]) == set(task.SETTINGS)
+    assert lora["chars"] == [int(s.numel()) for s in task.lora_data()]
+
+
+@pytest.mark.parametrize("kind", task.KINDS)
+def test_shipped_weights_reproduce_the_recorded_validation_score(kind):
+    torch.set_num_threads(1)
+    model, _ = task.load_pretrained(kind)
+    recorded = task.load_scores(kind)["runs"][0]
+    assert abs(task.evaluate(model, "validation") - recorded["validation"]) < 1e-9  # float64 round-off
+
+
+def test_the_balance_loss_keeps_every_expert_busy_and_its_absence_does_not():
+    scores = task.load_scores()
+
+    def least(kind):
+        return [min(min(layer) / sum(layer) for layer in r["loads"]) for r in scores[kind]["runs"]]
+
+    assert min(least("moe")) > 0.07 and max(least("moe-nobal")) < 0.01
+
+
+def test_lora_adapter_reloads_merges_and_scores_as_recorded():
+    torch.set_num_threads(1)
+    lora = task.load_lora_scores()
+    adapted = task.load_finetuned("lora")
+    x = task.lora_data().test[None, :64]
+    with torch.no_grad():
+        a = adapted.double()(x)
+        merged = merge_lora(adapted)
+        np.testing.assert_allclose(merged(x).numpy(), a.numpy(), rtol=0, atol=1e-12)
+    shipped = merge_lora(task.load_finetuned("lora"))
+    for p in shipped.parameters():
+        p.data = p.data.half().float()
+    bits = float(-modern.predictions(shipped, task.lora_data().test)[0].mean())
+    assert abs(bits - lora["runs"]["lora-r4"]["runs"][0]["test"]) < 1e-6  # a float32 merge
+    full = task.load_finetuned("full")
+    bits_full = float(-modern.predictions(full, task.lora_data().test)[0].mean())
+    assert abs(bits_full - lora["runs"]["full"]["runs"][0]["test"]) < 1e-9
+    assert lora["none"]["test"] - max(r["test"] for res in lora["runs"].values() for r in res["runs"]) > 0.15
+
+
+def test_a_short_retrain_is_deterministic():
+    torch.set_num_threads(1)
+    a = task.train("moe", seed=0, steps=3)[1].loss
+    b = task.train("moe", seed=0, steps=3)[1].loss
+    assert a == b and len(a) == 3
