@@ -283,7 +283,7 @@ def moe(X, params, k, capacity_factor=None):
 
 def moe_dense(X, params, k):
     """The mixture-of-experts layer computed densely: every expert on every token, then
-    ``Y = sum_e G[:, e] * expert_e(X)`` with the gate matrix ``G (..., E)`` that holds the
+    ``Y = sum_e gates[:, e] * expert_e(X)`` with the gate matrix ``gates (..., E)`` that holds the
     renormalised weight of each chosen expert and zero elsewhere (plus the shared expert).
 
     ``E / k`` times the expert FLOPs of :func:`moe` and the same output (without capacity):
@@ -292,9 +292,9 @@ def moe_dense(X, params, k):
     X = _as_float(X, "X")
     k, E = _check_moe_params(X, params, k)
     weights, experts, _ = top_k_router(X, params["W_router"], k)
-    G = np.zeros(X.shape[:-1] + (E,), dtype=X.dtype)  # (..., E) gates, zero for unchosen experts
-    np.put_along_axis(G, experts, weights, axis=-1)
-    Y = sum(G[..., e:e + 1] * swiglu(X, params["experts"][e]) for e in range(E))
+    gates = np.zeros(X.shape[:-1] + (E,), dtype=X.dtype)  # (..., E) gates, zero for unchosen experts
+    np.put_along_axis(gates, experts, weights, axis=-1)
+    Y = sum(gates[..., e:e + 1] * swiglu(X, params["experts"][e]) for e in range(E))
     if params.get("shared") is not None:
         Y = Y + swiglu(X, params["shared"])
     return np.asarray(Y).astype(X.dtype, copy=False)

@@ -107,12 +107,12 @@ def moe(X, params, k, capacity_factor=None):
 
 def moe_dense(X, params, k):
     """The same layer computed densely: every expert on every token, weighted by the gate
-    matrix ``G (..., E)`` (the renormalised weights of the chosen experts, zero elsewhere)."""
+    matrix ``gates (..., E)`` (the renormalised weights of the chosen experts, zero elsewhere)."""
     X = _float(X, "X")
     k, E = _check_moe_params(X, params, k)
     weights, experts, _ = top_k_router(X, params["W_router"], k)
-    G = torch.zeros(X.shape[:-1] + (E,), dtype=X.dtype, device=X.device).scatter(-1, experts, weights)  # (..., E)
-    Y = sum(G[..., e:e + 1] * swiglu(X, params["experts"][e]) for e in range(E))
+    gates = torch.zeros(X.shape[:-1] + (E,), dtype=X.dtype, device=X.device).scatter(-1, experts, weights)  # (..., E)
+    Y = sum(gates[..., e:e + 1] * swiglu(X, params["experts"][e]) for e in range(E))
     if params.get("shared") is not None:
         Y = Y + swiglu(X, params["shared"])
     return Y
