@@ -33,7 +33,6 @@ every third-party module a chapter imports.
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import re
@@ -47,6 +46,8 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+from notebook_imports import imported_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = ("03", "11", "13")
@@ -62,20 +63,8 @@ GUARDED = {"transformers": "peer checks behind `try: import transformers` (contr
 
 
 def _notebook_imports(path: Path) -> set[str]:
-    """Top-level names of the modules a notebook's code cells import (magics become `pass`)."""
-    names = set()
-    for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
-        if cell["cell_type"] != "code":
-            continue
-        lines = "".join(cell["source"]).splitlines()
-        src = "\n".join(l[: len(l) - len(l.lstrip())] + "pass" if l.lstrip().startswith(("%", "!")) else l
-                        for l in lines)
-        for node in ast.walk(ast.parse(src)):
-            if isinstance(node, ast.Import):
-                names |= {a.name.split(".")[0] for a in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.level == 0:
-                names.add(node.module.split(".")[0])
-    return names
+    """Top-level names of the modules a notebook's code cells import."""
+    return {name.split(".")[0] for name in imported_modules(path)}
 
 
 def declared(extra: str = "book", pyproject: Path = ROOT / "pyproject.toml") -> set[str]:

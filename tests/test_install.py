@@ -34,6 +34,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from notebook_imports import imported_modules
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "tfbook"
 # Modules that need an extra beyond the core dependencies.
@@ -232,20 +234,8 @@ print(json.dumps(errors))
 
 
 def notebook_imports() -> list[str]:
-    """Every module imported by a code cell of a chapter notebook (magics become `pass`)."""
-    names = set()
-    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
-        for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
-            if cell["cell_type"] != "code":
-                continue
-            lines = "".join(cell["source"]).splitlines()
-            src = "\n".join(l[: len(l) - len(l.lstrip())] + "pass" if l.lstrip().startswith(("%", "!")) else l
-                            for l in lines)
-            for node in ast.walk(ast.parse(src)):
-                if isinstance(node, ast.Import):
-                    names |= {a.name for a in node.names}
-                elif isinstance(node, ast.ImportFrom) and node.level == 0:
-                    names.add(node.module)
+    """Every module imported by a code cell of a chapter notebook."""
+    names = set().union(*(imported_modules(p) for p in sorted((ROOT / "notebooks").glob("*.ipynb"))))
     return sorted(n for n in names if n.split(".")[0] not in sys.stdlib_module_names)
 
 
