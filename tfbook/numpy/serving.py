@@ -118,6 +118,14 @@ def rope_frequencies(D_K, base=10000.0, scaling=None, factor=1.0, original_lengt
     return omega
 
 
+def _positions(positions, T, X):
+    """The positions as float64 of shape (..., T): 0..T-1 when none are given."""
+    pos = np.arange(T, dtype=np.float64) if positions is None else np.asarray(positions, dtype=np.float64)
+    if pos.ndim == 0 or pos.shape[-1] != T:
+        raise ValueError(f"positions must have shape (..., T) with T={T}, got {pos.shape} (X: {X.shape})")
+    return pos
+
+
 def rope_rotate(X, omega, positions=None, layout="half"):
     """Rotate each pair of coordinates of ``X`` by ``position * omega_i``.
 
@@ -146,9 +154,7 @@ def rope_rotate(X, omega, positions=None, layout="half"):
         raise ValueError(f"X has D={D}, which must be even for rope (X: {X.shape})")
     omega = np.asarray(omega, dtype=np.float64)
     _v.check_vector("omega", omega, D // 2, "D/2")
-    pos = np.arange(T, dtype=np.float64) if positions is None else np.asarray(positions, dtype=np.float64)
-    if pos.ndim == 0 or pos.shape[-1] != T:
-        raise ValueError(f"positions must have shape (..., T) with T={T}, got {pos.shape} (X: {X.shape})")
+    pos = _positions(positions, T, X)
     theta = pos[..., :, None] * omega  # (..., T, D/2)
     c, s = np.cos(theta).astype(X.dtype), np.sin(theta).astype(X.dtype)
     if layout == "half":
@@ -209,9 +215,7 @@ def _mla_check_input(X, params, num_heads, positions, layout, base, eps):
     if not eps >= 0:
         raise ValueError(f"eps must be >= 0, got {eps!r} (X: {X.shape})")
     T = X.shape[-2]
-    pos = np.arange(T, dtype=np.float64) if positions is None else np.asarray(positions, dtype=np.float64)
-    if pos.ndim == 0 or pos.shape[-1] != T:
-        raise ValueError(f"positions must have shape (..., T) with T={T}, got {pos.shape} (X: {X.shape})")
+    pos = _positions(positions, T, X)
     omega = rope_frequencies(dims[2], base)
     return X, dims, pos, omega
 

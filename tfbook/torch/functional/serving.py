@@ -49,6 +49,17 @@ def rope_frequencies(D_K, base=10000.0, scaling=None, factor=1.0, original_lengt
     return omega
 
 
+def _positions(positions, T, X):
+    """The positions as float64 of shape (..., T): 0..T-1 when none are given."""
+    if positions is None:
+        return torch.arange(T, dtype=torch.float64, device=X.device)
+    pos = torch.as_tensor(positions, dtype=torch.float64, device=X.device)
+    if pos.ndim == 0 or pos.shape[-1] != T:
+        raise ValueError(f"positions must have shape (..., T) with T={T}, got {tuple(pos.shape)} "
+                         f"(X: {tuple(X.shape)})")
+    return pos
+
+
 def rope_rotate(X, omega, positions=None, layout="half"):
     """Rotate each pair of coordinates of ``X (..., T, D)`` by ``position * omega_i``
     (``layout`` ``"half"``: pairs ``(i, i + D/2)``; ``"interleaved"``: ``(2i, 2i+1)``).
@@ -61,13 +72,7 @@ def rope_rotate(X, omega, positions=None, layout="half"):
         raise ValueError(f"X has D={D}, which must be even for rope (X: {tuple(X.shape)})")
     omega = torch.as_tensor(omega, dtype=torch.float64, device=X.device)
     _v.check_vector("omega", omega, D // 2, "D/2")
-    if positions is None:
-        pos = torch.arange(T, dtype=torch.float64, device=X.device)
-    else:
-        pos = torch.as_tensor(positions, dtype=torch.float64, device=X.device)
-    if pos.ndim == 0 or pos.shape[-1] != T:
-        raise ValueError(f"positions must have shape (..., T) with T={T}, got {tuple(pos.shape)} "
-                         f"(X: {tuple(X.shape)})")
+    pos = _positions(positions, T, X)
     theta = pos[..., :, None] * omega  # (..., T, D/2)
     c, s = torch.cos(theta).to(X.dtype), torch.sin(theta).to(X.dtype)
     if layout == "half":
@@ -87,13 +92,7 @@ def _mla_check_input(X, params, num_heads, positions, layout, base, eps):
     if not eps >= 0:
         raise ValueError(f"eps must be >= 0, got {eps!r} (X: {tuple(X.shape)})")
     T = X.shape[-2]
-    if positions is None:
-        pos = torch.arange(T, dtype=torch.float64, device=X.device)
-    else:
-        pos = torch.as_tensor(positions, dtype=torch.float64, device=X.device)
-    if pos.ndim == 0 or pos.shape[-1] != T:
-        raise ValueError(f"positions must have shape (..., T) with T={T}, got {tuple(pos.shape)} "
-                         f"(X: {tuple(X.shape)})")
+    pos = _positions(positions, T, X)
     omega = rope_frequencies(dims[2], base, device=X.device)
     return X, dims, pos, omega
 
