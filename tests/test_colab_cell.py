@@ -124,14 +124,25 @@ def test_snippet_is_silent_off_colab_and_installs_on_colab(capfd, monkeypatch):
 
 
 
-def test_released_student_notebooks_do_not_name_the_repository(tmp_path):
-    """The snippet names the repository, which holds the solutions: release drops it."""
+def test_released_student_notebooks_install_the_package_not_the_snippet(tmp_path):
+    """Release drops the chapter's Colab snippet (it clones the whole repository, notebooks and
+    solutions included) and puts in its place one pip line that installs the package alone (a
+    wheel built from the sources holds no notebook). By default that line names the repository
+    the chapter installs from, whose published book already shows the solutions; an instructor
+    who keeps a class's repository private passes ``install`` (a wheel on the course site), and
+    then the repository is named nowhere. Mutation: release keeping the snippet fails the
+    MARKER assertion; ignoring ``install`` fails the last one."""
     from tfbook.course.release import release
 
     url = colab_cell.repository()[0].split("://", 1)[1]
     chapter = ROOT / "notebooks" / "00_setup_and_notation.ipynb"
     assert url in chapter.read_text(encoding="utf-8")              # the master names it
-    written = release([chapter], out=tmp_path, verbose=False)
+    written = release([chapter], out=tmp_path / "default", verbose=False)
     student = next(iter(written.values())).read_text(encoding="utf-8")
-    assert url not in student
     assert colab_cell.MARKER not in student
+    assert "git clone" not in student
+    assert f'tfbook[book,course] @ git+https://{url}' in student
+    wheel = "https://course.example.org/tfbook-0-py3-none-any.whl"
+    written = release([chapter], out=tmp_path / "private", verbose=False, install=f"tfbook[book,course] @ {wheel}")
+    student = next(iter(written.values())).read_text(encoding="utf-8")
+    assert url not in student and wheel in student
