@@ -355,13 +355,52 @@ def speculative_generate(target, draft, prompt, n, gamma, seed=0):
     return dict(ids=seq[len(prompt):len(prompt) + n], passes=passes, drafted=drafted, tried=tried, accepted=accepted)
 
 
+def rule_accept_probability(px: float, qx: float) -> float:
+    """The probability that :func:`tfbook.numpy.speculative_accept` keeps a drafted token whose
+    target and draft probabilities are ``px`` and ``qx``, for ``u`` uniform in ``[0, 1)``: the
+    length of the set of ``u`` the rule accepts. That set is checked to be an interval ``[0, t)``
+    (on a grid of 256 points, once rejected never accepted again), and ``t`` is found by bisection
+    to the resolution of float64. Nothing here knows the formula ``min(1, px / qx)``."""
+    p_row = np.array([[px, 1.0 - px]])
+    q_row = np.array([[qx, 1.0 - qx]])
+    token = np.zeros(1, dtype=np.int64)
+
+    def kept(u: float) -> bool:
+        return bool(tnp.speculative_accept(p_row, q_row, token, np.array([u]))[0][0])
+
+    grid = [kept(u) for u in np.arange(256) / 256]
+    if any(later and not earlier for earlier, later in zip(grid, grid[1:])):
+        raise ValueError(f"the rule's accepted u do not form an interval [0, t) (px={px}, qx={qx})")
+    if not kept(0.0):
+        return 0.0
+    if kept(float(np.nextafter(1.0, 0.0))):
+        return 1.0
+    lo, hi = 0.0, 1.0  # kept(lo), not kept(hi)
+    while True:
+        mid = (lo + hi) / 2
+        if mid <= lo or mid >= hi:
+            return hi
+        if kept(mid):
+            lo = mid
+        else:
+            hi = mid
+
+
 def speculative_sequence_distribution(p_tab, q_tab, start, gamma, n, accept=None):
     """The exact probability of each sequence of ``n`` tokens (``start`` first) that speculative
     decoding emits with a bigram target ``p_tab (V, V)`` (row: the previous token) and draft
     ``q_tab``: every draft and every accept/reject outcome enumerated, a rejected draft replaced
     by a draw from the residual of :func:`tfbook.numpy.speculative_accept`. ``accept(p(x), q(x))``
-    is the acceptance probability, ``min(1, p(x) / q(x))`` by default. Returns ``{tuple: prob}``."""
-    accept = (lambda px, qx: min(1.0, px / qx)) if accept is None else accept
+    is the acceptance probability; by default it is read off the rule itself
+    (:func:`rule_accept_probability`), so the enumeration checks the rule the chapter prints, not
+    a formula written beside it. Returns ``{tuple: prob}``."""
+    if accept is None:
+        cache: dict = {}
+
+        def accept(px, qx):
+            if (px, qx) not in cache:
+                cache[(px, qx)] = rule_accept_probability(px, qx)
+            return cache[(px, qx)]
     V = p_tab.shape[0]
     # the residual after each previous token, from the rule itself (u = 0 accepts whatever has p > 0)
     _, residual = tnp.speculative_accept(p_tab, q_tab, np.zeros(V, dtype=np.int64), np.zeros(V))
