@@ -68,13 +68,19 @@ def load_state(model: torch.nn.Module, state: dict) -> torch.nn.Module:
     return model.eval()
 
 
+def load_model(path, model_cls, config_cls):
+    """``(model, History)`` from a saved blob at ``path`` (config, state_dict, history):
+    the model built from its config, float32, eval mode."""
+    blob = load_blob(path)
+    model = load_state(model_cls(config_cls(**blob["config"])), blob["state_dict"])
+    return model, History.from_dict(blob["history"])
+
+
 def load_decoder_lm(name: str, path=None):
     """``(DecoderLM, History)`` from the shipped file ``name`` (or ``path``): float32, eval mode."""
     from ..torch.models import DecoderLM, DecoderLMConfig
 
-    blob = load_blob(shipped(name) if path is None else path)
-    model = load_state(DecoderLM(DecoderLMConfig(**blob["config"])), blob["state_dict"])
-    return model, History.from_dict(blob["history"])
+    return load_model(shipped(name) if path is None else path, DecoderLM, DecoderLMConfig)
 
 
 def write_json(path, obj) -> Path:

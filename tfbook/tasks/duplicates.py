@@ -48,7 +48,7 @@ from torch import nn
 from ..torch.modules import EncoderBlock, LayerNorm
 from ..torch.training import History
 from ..torch.training import train as train_loop
-from ._common import Splits, cli, load_blob, load_state, pick, save_model, shipped, write_json
+from ._common import Splits, cli, load_model, pick, save_model, shipped, write_json
 
 __all__ = ["N_LETTERS", "T", "CLS", "POOLINGS", "VARIANTS", "SEEDS", "RECIPE", "ARTIFACTS", "PoolingConfig",
            "PoolingEncoder", "sample", "data", "config", "make_model", "train", "accuracy", "evaluate",
@@ -231,9 +231,7 @@ def load_pretrained(variant: str = "cls", folder=None) -> tuple[PoolingEncoder, 
     if variant not in VARIANTS:
         raise ValueError(f"variant must be one of {tuple(VARIANTS)}, got {variant!r}")
     name = f"duplicates_{variant}.pt"
-    blob = load_blob(shipped(name, folder))
-    model = load_state(PoolingEncoder(PoolingConfig(**blob["config"])), blob["state_dict"])
-    return model, History.from_dict(blob["history"])
+    return load_model(shipped(name, folder), PoolingEncoder, PoolingConfig)
 
 
 def load_results(folder=None) -> dict:

@@ -40,7 +40,7 @@ from torch import nn
 from ..torch.modules import EncoderBlock, LayerNorm
 from ..torch.training import History
 from ..torch.training import train as train_loop
-from ._common import Splits, cli, load_blob, load_state, pick, save_model, shipped, write_json
+from ._common import Splits, cli, load_model, pick, save_model, shipped, write_json
 
 __all__ = ["TASKS", "HEADS", "SEEDS", "RECIPE", "ARTIFACTS", "LookupConfig", "LookupEncoder", "sample",
            "data", "make_model", "train", "accuracy", "evaluate", "run", "load_pretrained",
@@ -208,9 +208,7 @@ def load_pretrained(num_heads: int = 1, folder=None) -> tuple[LookupEncoder, His
     if num_heads not in HEADS:
         raise ValueError(f"num_heads must be one of {HEADS}, got {num_heads!r}")
     name = f"lookups_four_h{num_heads}.pt"
-    blob = load_blob(shipped(name, folder))
-    model = load_state(LookupEncoder(LookupConfig(**blob["config"])), blob["state_dict"])
-    return model, History.from_dict(blob["history"])
+    return load_model(shipped(name, folder), LookupEncoder, LookupConfig)
 
 
 def load_results(folder=None) -> dict:

@@ -61,7 +61,7 @@ from ..data import CharTokenizer
 from ..torch.models import DecoderLM, DecoderLMConfig, lm_batch, lm_loss
 from ..torch.training import History
 from ..torch.training import train as train_loop
-from ._common import WEIGHTS, Splits, cli, load_blob, load_state, pick, save_model, shipped, write_json
+from ._common import WEIGHTS, Splits, cli, load_decoder_lm, pick, save_model, shipped, write_json
 
 __all__ = ["RECIPE", "SIZES", "ARTIFACTS", "load_text", "tokenizer", "data", "config", "train",
            "bits_per_char", "evaluate", "NGram", "fit_ngram", "filter_logits", "sample",
@@ -376,9 +376,7 @@ def load_pretrained(size: str = "large", path=None) -> tuple[DecoderLM, History]
     """A shipped model (float32, eval mode) and its training history; ``path``: another file."""
     if size not in SIZES:
         raise ValueError(f"size must be one of {tuple(SIZES)}, got {size!r}")
-    blob = load_blob(shipped(f"prose_{size}.pt") if path is None else path)
-    model = load_state(DecoderLM(DecoderLMConfig(**blob["config"])), blob["state_dict"])
-    return model, History.from_dict(blob["history"])
+    return load_decoder_lm(f"prose_{size}.pt", path)
 
 
 def load_scores(path=None) -> dict:
@@ -672,9 +670,7 @@ CONTEXTS = (4, 16, 64, 256)
 
 def load_long(path=None) -> tuple[DecoderLM, History]:
     """The shipped long model (``prose_long.pt``: :data:`LONG_NAME`, seed 0), float32, eval mode."""
-    blob = load_blob(shipped("prose_long.pt") if path is None else path)
-    model = load_state(DecoderLM(DecoderLMConfig(**blob["config"])), blob["state_dict"])
-    return model, History.from_dict(blob["history"])
+    return load_decoder_lm("prose_long.pt", path)
 
 
 def long_scores(models: dict, log=print, dtype=torch.float32, limit: int | None = None) -> dict:

@@ -42,7 +42,7 @@ from torch import nn
 from ..torch.modules import EncoderBlock, LayerNorm
 from ..torch.training import History
 from ..torch.training import train as train_loop
-from ._common import Splits, cli, load_blob, load_state, pick, save_model, shipped
+from ._common import Splits, cli, load_model, pick, save_model, shipped
 
 __all__ = ["N_PAIRS", "N_KEYS", "N_VALUES", "T", "KEYS", "VALUES", "RECIPE", "VARIANTS", "ARTIFACTS",
            "RetrievalConfig", "RetrievalEncoder", "sample", "data", "config", "make_model", "train",
@@ -213,9 +213,7 @@ def train(variant: str = "h2", steps: int | None = None, seed: int | None = None
 def load_pretrained(variant: str = "h2", folder=None) -> tuple[RetrievalEncoder, History]:
     """The shipped model of ``variant`` (float32 from float16 weights, eval mode) and its history."""
     path = shipped(_FILE[variant], folder)
-    blob = load_blob(path)
-    model = load_state(RetrievalEncoder(RetrievalConfig(**blob["config"])), blob["state_dict"])
-    return model, History.from_dict(blob["history"])
+    return load_model(path, RetrievalEncoder, RetrievalConfig)
 
 
 def save(model: RetrievalEncoder, history: History, folder, variant: str = "h2") -> list:
