@@ -46,6 +46,11 @@ def shipped(name: str, folder=None):
     return resources.files("tfbook") / "weights" / name
 
 
+def load_json(name: str, folder=None) -> dict:
+    """The JSON file ``name`` shipped in ``tfbook/weights/`` (or in ``folder``: see :func:`shipped`)."""
+    return json.loads(shipped(name, folder).read_text())
+
+
 def save_model(path, model: torch.nn.Module, history: History, half: bool = True, **meta) -> Path:
     """Write ``{"config", "state_dict", "history", **meta}`` to ``path`` (float16 weights
     by default: half the file; the bars are checked on the rounded weights)."""
@@ -81,6 +86,35 @@ def load_decoder_lm(name: str, path=None):
     from ..torch.models import DecoderLM, DecoderLMConfig
 
     return load_model(shipped(name) if path is None else path, DecoderLM, DecoderLMConfig)
+
+
+def train_lm(make_model: Callable[[], torch.nn.Module], train_ids, eval_fn: Callable, recipe: dict,
+             schedule_steps: int, loss_fn: Callable | None = None, callbacks=(), disable: bool = True,
+             desc: str = "training"):
+    """The prose-model tasks' call of the one loop: seed ``recipe["seed"]``, build the model, train
+    it with AdamW (``lr``, ``weight_decay``) and a warm-up-cosine schedule (``warmup``, ``min_lr``)
+    laid over ``schedule_steps``, on random windows (``batch_size``) of ``train_ids``, for
+    ``recipe["steps"]`` steps; evaluate ``eval_fn`` every ``eval_every`` steps and keep the best.
+    ``callbacks`` run before the stop. Returns ``(model, History)``."""
+    from ..torch.models import lm_batch, lm_loss
+    from ..torch.training import train as train_loop
+
+    r = recipe
+    torch.manual_seed(r["seed"])
+    model = make_model()
+    block = model.config.block_size
+
+    def batch_fn(generator):
+        return lm_batch(train_ids, block, r["batch_size"], generator=generator)
+
+    def stop_at(step, model, history):
+        return step >= r["steps"]
+
+    history = train_loop(model, lm_loss if loss_fn is None else loss_fn, batch_fn, schedule_steps, lr=r["lr"],
+                         weight_decay=r["weight_decay"], schedule=("warmup_cosine", r["warmup"], r["min_lr"]),
+                         callbacks=[*callbacks, stop_at], eval_fn=eval_fn, eval_every=r["eval_every"],
+                         keep_best=True, seed=r["seed"], threads=1, deterministic=True, disable=disable, desc=desc)
+    return model, history
 
 
 def write_json(path, obj) -> Path:

@@ -46,7 +46,7 @@ from torch import nn
 from ..torch.models import VisionTransformer
 from ..torch.training import train as train_loop
 from . import digits as D
-from ._common import cli, load_blob, load_state, shipped, write_json
+from ._common import cli, load_blob, load_json, load_state, shipped, write_json
 
 __all__ = ["SIZES", "SEEDS", "MODELS", "LRS", "CNN_LRS", "choose_lr", "RECIPE", "ARTIFACTS", "SmallCNN", "data", "config",
            "subset", "train", "experiment", "load_pretrained", "load_model", "save", "main"]
@@ -256,8 +256,7 @@ def save(result: dict, folder) -> list:
 def load_pretrained(folder=None) -> dict:
     """The shipped result: ``runs`` (one dict per model, size and seed: validation and test
     counts), the CNN's learning-rate ``search`` and the ``lr_cnn`` it chose."""
-    path = shipped(RESULT_FILE, folder)
-    return json.loads(Path(str(path)).read_text()) if folder is not None else json.loads(path.read_text())
+    return load_json(RESULT_FILE, folder)
 
 
 def load_model(model: str, folder=None):

@@ -37,7 +37,6 @@ float16 weights) and the seed-0 weights of each variant (``duplicates_cls.pt``,
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,7 +47,7 @@ from torch import nn
 from ..torch.modules import EncoderBlock, LayerNorm
 from ..torch.training import History
 from ..torch.training import train as train_loop
-from ._common import Splits, cli, load_model, pick, save_model, shipped, write_json
+from ._common import Splits, cli, load_json, load_model, pick, save_model, shipped, write_json
 
 __all__ = ["N_LETTERS", "T", "CLS", "POOLINGS", "VARIANTS", "SEEDS", "RECIPE", "ARTIFACTS", "PoolingConfig",
            "PoolingEncoder", "sample", "data", "config", "make_model", "train", "accuracy", "evaluate",
@@ -236,8 +235,7 @@ def load_pretrained(variant: str = "cls", folder=None) -> tuple[PoolingEncoder, 
 
 def load_results(folder=None) -> dict:
     """The shipped result of :func:`run` (``duplicates_results.json``)."""
-    path = shipped(ARTIFACTS[0], folder)
-    return json.loads(path.read_text())
+    return load_json(ARTIFACTS[0], folder)
 
 
 def save(result: dict, models: dict, folder) -> list:

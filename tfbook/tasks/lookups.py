@@ -29,7 +29,6 @@ weights) and the seed-0 weights of the four-key models (``lookups_four_h*.pt``):
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +39,7 @@ from torch import nn
 from ..torch.modules import EncoderBlock, LayerNorm
 from ..torch.training import History
 from ..torch.training import train as train_loop
-from ._common import Splits, cli, load_model, pick, save_model, shipped, write_json
+from ._common import Splits, cli, load_json, load_model, pick, save_model, shipped, write_json
 
 __all__ = ["TASKS", "HEADS", "SEEDS", "RECIPE", "ARTIFACTS", "LookupConfig", "LookupEncoder", "sample",
            "data", "make_model", "train", "accuracy", "evaluate", "run", "load_pretrained",
@@ -212,8 +211,7 @@ def load_pretrained(num_heads: int = 1, folder=None) -> tuple[LookupEncoder, His
 
 
 def load_results(folder=None) -> dict:
-    path = shipped(ARTIFACTS[0], folder)
-    return json.loads(path.read_text())
+    return load_json(ARTIFACTS[0], folder)
 
 
 def save(result, models, folder) -> list:

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 import math
 from importlib import resources
 
@@ -61,7 +62,7 @@ from ..data import CharTokenizer
 from ..torch.models import DecoderLM, DecoderLMConfig, lm_batch, lm_loss
 from ..torch.training import History
 from ..torch.training import train as train_loop
-from ._common import WEIGHTS, Splits, cli, load_decoder_lm, pick, save_model, shipped, write_json
+from ._common import WEIGHTS, Splits, cli, load_decoder_lm, load_json, pick, save_model, shipped, write_json
 
 __all__ = ["RECIPE", "SIZES", "ARTIFACTS", "load_text", "tokenizer", "data", "config", "train",
            "bits_per_char", "evaluate", "NGram", "fit_ngram", "filter_logits", "sample",
@@ -381,9 +382,9 @@ def load_pretrained(size: str = "large", path=None) -> tuple[DecoderLM, History]
 
 def load_scores(path=None) -> dict:
     """The shipped ``prose_scores.json``: validation/test bpc of each size and baseline."""
-    f = shipped("prose_scores.json") if path is None else path
-    with open(f) as fh:
-        return json.load(fh)
+    if path is None:
+        return load_json("prose_scores.json")
+    return json.loads(Path(path).read_text())
 
 
 def save(model: DecoderLM, history: History, folder, size: str = "large"):
@@ -786,9 +787,9 @@ def load_long_scores(path=None) -> dict:
     """The shipped ``prose_long_scores.json``: the candidates' validation runs, the chosen
     model's seeds (validation, test), its context-length curve, dynamic evaluation, and the
     classical models' searches and scores."""
-    f = shipped("prose_long_scores.json") if path is None else path
-    with open(f) as fh:
-        return json.load(fh)
+    if path is None:
+        return load_json("prose_long_scores.json")
+    return json.loads(Path(path).read_text())
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -19,7 +19,6 @@ result ships in ``tfbook/weights/recall.json``; regenerate with::
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ..measure import threads
-from ._common import cli, shipped, write_json
+from ._common import cli, load_json, write_json
 
 __all__ = ["N_KEYS", "N_VALS", "N_PAIRS", "D_MODEL", "D_HEAD", "W_WIN", "KINDS", "LRS", "SEEDS", "STEPS",
            "RECIPE", "ARTIFACTS", "Recall", "recall_batch", "data", "train", "correct", "experiment",
@@ -135,8 +134,7 @@ def save(result: dict, folder) -> list:
 
 def load_pretrained(folder=None) -> dict:
     """The shipped result (``runs``, ``chosen_lr``)."""
-    path = shipped(RESULT_FILE, folder)
-    return json.loads(path.read_text())
+    return load_json(RESULT_FILE, folder)
 
 
 def main(argv=None) -> None:  # pragma: no cover - the command that writes the shipped file
