@@ -137,6 +137,16 @@ def tests(grade_id: str, source: str, points: int | float = 1,
     return cell
 
 
+
+def _kernel_metadata(kernel: str) -> dict:
+    """``tools/execute_notebooks.py``'s kernel metadata (imported from beside this file)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_execute_notebooks", Path(__file__).with_name("execute_notebooks.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.kernel_metadata(kernel)
+
 class Notebook:
     """An ordered list of cells with one method per cell kind, saved with stable ids."""
 
@@ -176,9 +186,10 @@ class Notebook:
             else:
                 cell["id"] = f"c{i:03d}"
         nb = new_notebook(cells=self.cells)
-        nb.metadata["kernelspec"] = {"name": self.kernel, "display_name": "Python 3",
-                                     "language": "python"}
-        nb.metadata["language_info"] = {"name": "python"}
+        # the metadata JupyterLab and tools/execute_notebooks.py write (display name
+        # "Python 3 (ipykernel)", the kernel's own spec), so that a new chapter passes
+        # tests/test_notebook_metadata.py before it is first executed
+        nb.metadata.update(_kernel_metadata(self.kernel))
         nbformat.validate(nb)
         return nb
 
