@@ -22,6 +22,7 @@ from tfbook.torch.experts import MoE, MoELM, MoELMConfig, LoRALinear, add_lora, 
 from tfbook.torch.modern import LlamaLM, LlamaLMConfig
 
 import error_cases_experts
+from conftest import to_torch
 
 ATOL = 1e-12  # float64 round-off (different summation orders)
 
@@ -59,14 +60,9 @@ PARITY_CASES = {
 PARITY_IDS = [(n, i) for n, bs in PARITY_CASES.items() for i in range(len(bs))]
 
 
-def _t(x):
-    if isinstance(x, np.ndarray):
-        return torch.as_tensor(x)
-    if isinstance(x, dict):
-        return {k: _t(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_t(v) for v in x]
-    return x
+def _tensors(x):
+    """conftest's to_torch on arrays and parameter dicts; Python scalars (k, a capacity factor, alpha) stay numbers."""
+    return x if np.isscalar(x) else to_torch(x)
 
 
 def _same(a, b, atol=ATOL):
@@ -102,7 +98,7 @@ def test_numpy_equals_torch(name, i, seed):
     g = np.random.default_rng(seed)
     args, kwargs, extra = PARITY_CASES[name][i](g)
     out_np = getattr(tnp, name)(*args, **kwargs)
-    out_t = getattr(TF, name)(*(_t(a) for a in args), **_t(kwargs), **extra)
+    out_t = getattr(TF, name)(*map(_tensors, args), **{n: _tensors(v) for n, v in kwargs.items()}, **extra)
     _same(out_np, out_t)
 
 
@@ -112,7 +108,7 @@ def test_numpy_equals_torch(name, i, seed):
 def test_bad_input_raises_value_error_naming_it(backend, name, args, kwargs, pattern):
     fn = getattr(tnp if backend == "numpy" else TF, name)
     if backend == "torch":
-        args, kwargs = tuple(_t(a) for a in args), _t(kwargs)
+        args, kwargs = tuple(map(_tensors, args)), {n: _tensors(v) for n, v in kwargs.items()}
     with pytest.raises(ValueError, match=pattern):
         fn(*args, **kwargs)
 
@@ -160,7 +156,7 @@ def test_sparse_layer_equals_dense_layer_with_unchosen_experts_masked(k, shared)
             ref[idx] += tnp.swiglu(X[idx], p["shared"])
     np.testing.assert_allclose(Y, ref, rtol=0, atol=ATOL)
     np.testing.assert_allclose(tnp.moe_dense(X, p, k), Y, rtol=0, atol=ATOL)
-    Yt = TF.moe_dense(_t(X), _t(p), k)
+    Yt = TF.moe_dense(to_torch(X), to_torch(p), k)
     np.testing.assert_allclose(Yt.numpy(), Y, rtol=0, atol=ATOL)
     assert routing["dropped"] == 0 and routing["load"].sum() == k * 33
 
@@ -207,7 +203,7 @@ def test_capacity_drops_what_a_token_by_token_loop_drops(cf):
     X2 = X.reshape(-1, 8)
     ref = sum(G[:, e:e + 1] * tnp.swiglu(X2, p["experts"][e]) for e in range(4))
     np.testing.assert_allclose(Y.reshape(-1, 8), ref, rtol=0, atol=ATOL)
-    Yt, rt = TF.moe(_t(X), _t(p), 2, capacity_factor=cf)
+    Yt, rt = TF.moe(to_torch(X), to_torch(p), 2, capacity_factor=cf)
     _same(routing, rt)
     np.testing.assert_allclose(Yt.numpy(), Y, rtol=0, atol=ATOL)
 

@@ -55,17 +55,25 @@ from ..torch.modern import LlamaLM, LlamaLMConfig
 from ..torch.training import History
 from ..torch.training import train as train_loop
 from . import modern, prose
-from ._common import Splits, cli, load_blob, load_state, pick, save_model, shipped, write_json
+from ._common import (Splits, cli, load_blob, load_model, load_state, pick, save_model, shipped, train_lm,
+                      write_json)
 
 __all__ = ["RECIPE", "KINDS", "SHAPE", "ARTIFACTS", "EXPERT", "data", "config", "train", "evaluate", "scores",
            "load_pretrained", "load_scores", "save", "FT_RECIPE", "FT_LRS", "LORA_RANKS", "LORA_NAMES",
-           "SETTINGS", "new_text", "lora_data", "finetune", "load_finetuned", "load_lora_scores", "main"]
+           "SETTINGS", "LRS", "BALANCES", "SEARCHED", "grid", "chosen", "load_search", "new_text", "lora_data", "finetune", "load_finetuned", "load_lora_scores", "main"]
 
-#: the shared recipe (``lr`` the same for every kind, not searched; ``balance`` the balance loss
-#: coefficient, Switch Transformer's 0.01)
+#: the shared recipe; ``lr`` and ``balance`` (the balance loss coefficient, Switch Transformer's
+#: 0.01) are only the defaults of :func:`train`: the runs use the values chosen on validation
+#: among :data:`LRS` and :data:`BALANCES` (:func:`chosen`)
 RECIPE = dict(steps=400, batch_size=32, lr=1e-2, weight_decay=0.1, warmup=40, min_lr=1e-4, eval_every=100,
               eval_chars=10_000, seeds=(0, 1, 2), balance=0.01)
 KINDS = ("moe", "moe-nobal", "dense-active", "dense-total")
+#: the search, seed 0, on the validation characters of the evaluations: peak learning rates for
+#: ``moe``, ``dense-active`` and ``dense-total``, crossed with the balance coefficients for ``moe``;
+#: ``moe-nobal`` takes the rate chosen for ``moe`` (only the balance loss differs between them)
+LRS = (3e-3, 1e-2, 3e-2)
+BALANCES = (1e-3, 1e-2, 1e-1)
+SEARCHED = ("moe", "dense-active", "dense-total")
 #: the MoE's shape: E experts of width d_ff, k per token
 EXPERT = dict(num_experts=8, top_k=2, d_ff=32)
 #: the models' shared shape (the prose tokenizer's vocabulary)
@@ -75,7 +83,7 @@ FT_LRS = {"full": (1e-3, 3e-3), "lora": (3e-3, 1e-2)}
 LORA_RANKS = (1, 4, 16)
 LORA_NAMES = ("W_Q", "W_K", "W_V", "W_O", "W_gate", "W_up", "W_down")
 ARTIFACTS = (tuple(f"experts_{k}.pt" for k in KINDS) + tuple(f"experts_{k}.json" for k in KINDS)
-             + ("experts_lora.json", "experts_lora.pt", "experts_full.pt"))
+             + ("experts_search.json", "experts_lora.json", "experts_lora.pt", "experts_full.pt"))
 
 
 def data() -> Splits:
@@ -98,41 +106,36 @@ def _model(cfg):
     return MoELM(cfg) if isinstance(cfg, MoELMConfig) else LlamaLM(cfg)
 
 
-def train(kind: str = "moe", seed: int = 0, lr: float = RECIPE["lr"], steps: int | None = None, disable: bool = True):
+def train(kind: str = "moe", seed: int = 0, lr: float = RECIPE["lr"], steps: int | None = None,
+          balance: float = RECIPE["balance"], disable: bool = True):
     """Train ``kind`` with :data:`RECIPE` at peak rate ``lr``; returns ``(model, History)``.
 
     The loss is the cross-entropy plus, for ``"moe"``, ``balance`` times the mean balance loss
-    of the layers. ``history.extra["aux"]`` holds the balance loss every 10 steps (MoE kinds,
-    whether or not it is trained on); ``history.eval`` the validation bits per character on the
-    first ``eval_chars`` characters; the model returned holds the best evaluation's weights.
+    of the layers (``"moe-nobal"`` is trained without it whatever ``balance``).
+    ``history.extra["aux"]`` holds the balance loss every 10 steps (MoE kinds, whether or not it
+    is trained on); ``history.eval`` the validation bits per character on the first
+    ``eval_chars`` characters; the model returned holds the best evaluation's weights.
     """
     cfg = config(kind)
-    r = dict(RECIPE, kind=kind, lr=float(lr), seed=int(seed), steps=RECIPE["steps"] if steps is None else int(steps))
+    coef = float(balance) if kind == "moe" else 0.0
+    r = dict(RECIPE, kind=kind, lr=float(lr), seed=int(seed), balance=coef,
+             steps=RECIPE["steps"] if steps is None else int(steps))
     r.pop("seeds")
     splits = data()
     val = splits.validation[:r["eval_chars"]]
-    coef = r["balance"] if kind == "moe" else 0.0
     aux: list = []
 
     def loss_fn(model, x, y):
         loss = lm_loss(model, x, y)
         return loss + coef * model.aux_loss() if coef else loss
 
-    def batch_fn(generator):
-        return lm_batch(splits.train, cfg.block_size, r["batch_size"], generator=generator)
-
     def watch(step, model, history):
         if isinstance(model, MoELM) and step % 10 == 0:
             aux.append(float(model.aux_loss().detach()))
-        return step >= r["steps"]
 
-    torch.manual_seed(r["seed"])
-    model = _model(cfg)
-    history = train_loop(model, loss_fn, batch_fn, RECIPE["steps"], lr=r["lr"], weight_decay=r["weight_decay"],
-                         schedule=("warmup_cosine", r["warmup"], r["min_lr"]), callbacks=[watch],
-                         eval_fn=lambda m: prose.bits_per_char(m, val), eval_every=r["eval_every"],
-                         keep_best=True, seed=r["seed"], threads=1, deterministic=True, disable=disable,
-                         desc=f"experts-{kind}")
+    model, history = train_lm(lambda: _model(cfg), splits.train, lambda m: prose.bits_per_char(m, val), r,
+                              RECIPE["steps"], loss_fn=loss_fn, callbacks=[watch], disable=disable,
+                              desc=f"experts-{kind}")
     history.extra["recipe"] = r
     history.extra["aux"] = aux
     return model, history
@@ -195,16 +198,69 @@ def load_scores(kind: str | None = None, folder=None) -> dict:
         return json.load(f)
 
 
+def grid(kind: str) -> list:
+    """The ``(lr, balance)`` pairs searched for ``kind`` (one of :data:`SEARCHED`)."""
+    if kind not in SEARCHED:
+        raise ValueError(f"kind must be one of {SEARCHED}, got {kind!r}")
+    return [(lr, b) for lr in LRS for b in (BALANCES if kind == "moe" else (0.0,))]
+
+
+def _tag(kind, lr, balance) -> str:
+    return f"{kind}_lr{lr:g}_bal{balance:g}"
+
+
+def _search_one(kind, lr, balance, out, log=print) -> dict:
+    """One point of the search (seed 0): its float16 weights to ``out/parts/search_{tag}.pt``
+    and its validation record (no test) to ``out/parts/search_{tag}.json``."""
+    t0 = time.time()
+    model, history = train(kind, seed=0, lr=lr, balance=balance)
+    model = _rounded(model)
+    tag = _tag(kind, lr, balance)
+    save_model(Path(out) / "parts" / f"search_{tag}.pt", model, history)
+    rec = dict(kind=kind, lr=lr, balance=balance, validation=history.best_eval, best_step=history.best_step,
+               curve=history.eval, aux=history.extra["aux"], loads=_loads(model, data().validation))
+    write_json(Path(out) / "parts" / f"search_{tag}.json", rec)
+    log(f"search {tag}: validation {history.best_eval:.4f} at step {history.best_step} ({time.time() - t0:.0f} s)")
+    return rec
+
+
+def _search_records(out) -> list:
+    return [json.loads((Path(out) / "parts" / f"search_{_tag(k, lr, b)}.json").read_text())
+            for k in SEARCHED for lr, b in grid(k)]
+
+
+def chosen(search: list) -> dict:
+    """``{kind: (lr, balance)}``: for each searched kind the pair of :func:`grid` with the lowest
+    validation bits per character in ``search`` (the records of ``experts_search.json``);
+    ``moe-nobal`` gets the mixture's rate and no balance loss."""
+    best = {}
+    for kind in SEARCHED:
+        recs = [r for r in search if r["kind"] == kind]
+        if len(recs) != len(grid(kind)):
+            raise ValueError(f"the search holds {len(recs)} records of {kind!r}, expected {len(grid(kind))}")
+        top = min(recs, key=lambda r: r["validation"])
+        best[kind] = (top["lr"], top["balance"])
+    best["moe-nobal"] = (best["moe"][0], 0.0)
+    return {k: best[k] for k in KINDS}
+
+
 def _run(kind, seed, out, log=print) -> dict:
-    """Train one seed of ``kind``, save its weights when seed 0, and write its scores to
+    """One seed of ``kind`` at the recipe chosen on validation (the search must be done): seed 0
+    is the search's model (saved as ``experts_{kind}.pt``), other seeds are trained; scores go to
     ``out/parts/experts_{kind}_seed{seed}.json`` (:func:`_merge` gathers the parts)."""
     t0 = time.time()
-    model, history = train(kind, seed=seed, lr=RECIPE["lr"])
-    model = _rounded(model)
+    lr, balance = chosen(_search_records(out))[kind]
+    part = Path(out) / "parts" / f"search_{_tag(kind, lr, balance)}.pt"
+    if seed == 0 and kind in SEARCHED:
+        model, history = load_model(part, MoELM if kind.startswith("moe") else LlamaLM,
+                                    MoELMConfig if kind.startswith("moe") else LlamaLMConfig)
+    else:
+        model, history = train(kind, seed=seed, lr=lr, balance=balance)
+        model = _rounded(model)
     if seed == 0:
         save(model, history, out, kind)
     s = scores(model)
-    run = dict(seed=seed, lr=RECIPE["lr"], best_step=history.best_step, curve=history.eval,
+    run = dict(seed=seed, lr=lr, balance=balance, best_step=history.best_step, curve=history.eval,
                eval_steps=history.eval_step, aux=history.extra["aux"], **s)
     write_json(Path(out) / "parts" / f"experts_{kind}_seed{seed}.json", run)
     log(f"{kind} seed {seed}: validation {s['validation']:.4f} test {s['test']:.4f} loads {s['loads']} "
@@ -213,13 +269,24 @@ def _run(kind, seed, out, log=print) -> dict:
 
 
 def _merge(out) -> None:
-    """``experts_{kind}.json`` from the parts of every kind whose three seeds are done."""
+    """``experts_search.json`` from the search's parts, and ``experts_{kind}.json`` from the
+    parts of every kind whose three seeds are done."""
+    search = _search_records(out)
+    write_json(Path(out) / "experts_search.json", {"lrs": list(LRS), "balances": list(BALANCES), "runs": search})
+    best = chosen(search)
     for kind in KINDS:
         parts = [Path(out) / "parts" / f"experts_{kind}_seed{s}.json" for s in RECIPE["seeds"]]
         if all(p.exists() for p in parts):
             runs = [json.loads(p.read_text()) for p in parts]
+            recipe = dict(RECIPE, lr=best[kind][0], balance=best[kind][1])
             write_json(Path(out) / f"experts_{kind}.json",
-                       {"kind": kind, "recipe": dict(RECIPE), "params": num_params(_model(config(kind))), "runs": runs})
+                       {"kind": kind, "recipe": recipe, "params": num_params(_model(config(kind))), "runs": runs})
+
+
+def load_search(folder=None) -> dict:
+    """The shipped ``experts_search.json``: every point of the search (seed 0, validation only)."""
+    with open(shipped("experts_search.json", folder)) as f:
+        return json.load(f)
 
 
 # ----------------------------------------------------------------------------- LoRA
@@ -348,16 +415,22 @@ def load_finetuned(mode: str = "lora", folder=None):
 
 def main(argv=None) -> None:  # pragma: no cover - the command that writes the shipped artifacts
     def add(parser):
+        parser.add_argument("--search", default=",".join(f"{k}:{lr:g}:{b:g}" for k in SEARCHED for lr, b in grid(k)),
+                            help="comma-separated kind:lr:balance points of the search, or 'none'")
         parser.add_argument("--runs", default=",".join(f"{k}:{s}" for k in KINDS for s in RECIPE["seeds"]),
                             help="comma-separated kind:seed pairs, or 'none'")
         parser.add_argument("--lora", default=",".join(SETTINGS), help="comma-separated LoRA settings, or 'none'")
 
     def run(out, args):
         Path(out).mkdir(parents=True, exist_ok=True)
+        for item in ([] if args.search == "none" else args.search.split(",")):
+            kind, lr, balance = item.split(":")
+            _search_one(kind, float(lr), float(balance), out, log=lambda s: print(s, flush=True))
         for item in ([] if args.runs == "none" else args.runs.split(",")):
             kind, seed = item.split(":")
             _run(kind, int(seed), out, log=lambda s: print(s, flush=True))
-        _merge(out)
+        if all((Path(out) / "parts" / f"search_{_tag(k, lr, b)}.json").exists() for k in SEARCHED for lr, b in grid(k)):
+            _merge(out)
         for name in ([] if args.lora == "none" else args.lora.split(",")):
             _run_lora(name, out, log=lambda s: print(s, flush=True))
         _merge_lora(out)

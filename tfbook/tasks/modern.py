@@ -34,9 +34,8 @@ import torch
 from ..torch.models import DecoderLM, DecoderLMConfig, lm_batch, lm_loss, num_params
 from ..torch.modern import LlamaLM, LlamaLMConfig
 from ..torch.training import History
-from ..torch.training import train as train_loop
 from . import prose
-from ._common import cli, load_blob, load_state, pick, save_model, shipped, write_json
+from ._common import cli, load_blob, load_state, pick, save_model, shipped, train_lm, write_json
 
 __all__ = ["RECIPE", "KINDS", "LRS", "ARTIFACTS", "data", "config", "matched_d_ff", "train", "predictions",
            "evaluate", "accuracy", "tokens_per_second", "load_pretrained", "load_scores", "save", "scores", "main"]
@@ -105,20 +104,8 @@ def train(kind: str = "llama", steps: int | None = None, seed: int = 0, lr: floa
     r = dict(RECIPE, kind=kind, lr=float(lr), seed=int(seed), steps=RECIPE["steps"] if steps is None else int(steps))
     splits = data()
     val = splits.validation[:r["eval_chars"]]
-
-    def batch_fn(generator):
-        return lm_batch(splits.train, cfg.block_size, r["batch_size"], generator=generator)
-
-    def stop_at(step, model, history):
-        return step >= r["steps"]
-
-    torch.manual_seed(r["seed"])
-    model = _model(cfg)
-    history = train_loop(model, lm_loss, batch_fn, RECIPE["steps"], lr=r["lr"], weight_decay=r["weight_decay"],
-                         schedule=("warmup_cosine", r["warmup"], r["min_lr"]), callbacks=[stop_at],
-                         eval_fn=lambda m: prose.bits_per_char(m, val), eval_every=r["eval_every"],
-                         keep_best=True, seed=r["seed"], threads=1, deterministic=True, disable=disable,
-                         desc=f"modern-{kind}")
+    model, history = train_lm(lambda: _model(cfg), splits.train, lambda m: prose.bits_per_char(m, val), r,
+                              RECIPE["steps"], disable=disable, desc=f"modern-{kind}")
     r.pop("seeds")
     history.extra["recipe"] = r
     return model, history
