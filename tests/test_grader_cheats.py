@@ -42,7 +42,7 @@ def _shared_kernel_points(nb, master) -> float:
     with course_grade.tempfile.TemporaryDirectory() as tmp:
         a = course_grade.run_attempt({"cells": cells, "timeout": 30, "visible_only": True},
                                      Path(tmp) / "s", dict, timeout=30,
-                                     deadline=time.monotonic() + 300, use_bwrap=False,
+                                     budget=course_grade.Budget.of(300), use_bwrap=False,
                                      limits=course_sandbox.Limits(), nproc=course_sandbox.nproc_limit(
                                          course_sandbox.Limits(), 1), log=Path(tmp) / "log")
     points = 0.0

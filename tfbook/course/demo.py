@@ -141,6 +141,7 @@ LOOP = "def softmax(x, axis=-1):\n    while True:\n        pass\n"
 IGNORE_SIGNALS = """import signal
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 signal.signal(signal.SIGALRM, signal.SIG_IGN)
+signal.signal(signal.SIGPROF, signal.SIG_IGN)
 while True:
     pass
 """

@@ -8,7 +8,10 @@ student's; at each test cell the driver runs the *visible* part of the master's 
 code: a plain value (``prediction``), or a function, which is kept for later.
 
 Phase 1 (visible): every cell runs in one IPython shell, in this process; each cell has
-``timeout`` seconds (a SIGALRM interrupts it). What each cell printed is reported.
+``timeout`` seconds of CPU time (a SIGPROF interrupts it) and, for code that sleeps or blocks,
+``wall`` seconds of wall-clock time less the time it waited for a CPU (a SIGALRM every few
+seconds counts it; the interrupt comes when it is spent), so that a loaded grading machine
+does not shorten either. What each cell printed is reported.
 Phase 2 (hidden): after reporting ``visible-done`` the driver reads, from its standard
 input, the inputs of every call the grader wants (pickles made by the grader), calls the
 student's functions on them with the output discarded, and reports each result as plain
@@ -40,9 +43,14 @@ EXCERPT = 4000
 
 
 class _State:
-    fired = False
+    fired = ""  # "" (no), "cpu" or "wall": which limit interrupted the code
     proto = None
     stdin = None  # kept from the start: a student's cell may rebind sys.stdin
+    wall_left = 0.0  # the wall-clock backstop left (seconds not spent waiting for a CPU)
+    mark = (0.0, {})  # (time, each thread's run-queue delay) when it was last counted
+
+
+WALL_STEP = 5.0  # seconds between two counts of the wall-clock backstop
 
 
 def _send(msg: dict) -> None:
@@ -53,27 +61,67 @@ def _send(msg: dict) -> None:
         os._exit(3)
 
 
+def _delays() -> dict:
+    """Each thread of this process: nanoseconds it has waited for a CPU (the kernel's count)."""
+    out = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
+                out[tid] = int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+def _on_cpu(signum, frame):
+    _State.fired = "cpu"
+    raise KeyboardInterrupt("CPU time limit")
+
+
 def _on_alarm(signum, frame):
-    _State.fired = True
-    raise KeyboardInterrupt("time limit")
+    now, delays = time.monotonic(), _delays()
+    t0, before = _State.mark
+    waited = max((d - before.get(t, 0) for t, d in delays.items()), default=0) / 1e9
+    _State.wall_left -= (now - t0) - min(max(waited, 0.0), now - t0)
+    _State.mark = (now, delays)
+    if _State.wall_left <= 0:
+        _State.fired = "wall"
+        raise KeyboardInterrupt("time limit")
+    signal.setitimer(signal.ITIMER_REAL, min(_State.wall_left, WALL_STEP))
 
 
-def _arm(seconds: float) -> None:
-    _State.fired = False
+def _arm(limits) -> None:
+    """Interrupt the code after ``limits[0]`` CPU seconds (this process's threads) or
+    ``limits[1]`` seconds of wall-clock time not spent waiting for a CPU."""
+    cpu, wall = limits
+    _State.fired = ""
+    signal.signal(signal.SIGPROF, _on_cpu)
     signal.signal(signal.SIGALRM, _on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, max(float(seconds), 0.001))
+    _State.wall_left, _State.mark = float(wall), (time.monotonic(), _delays())
+    signal.setitimer(signal.ITIMER_PROF, max(float(cpu), 0.001))
+    signal.setitimer(signal.ITIMER_REAL, max(min(float(wall), WALL_STEP), 0.001))
 
 
 def _disarm() -> None:
     signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.setitimer(signal.ITIMER_PROF, 0)
 
 
-def _run(shell, source: str, timeout: float) -> dict:
+def _limits(job: dict) -> tuple:
+    """(CPU seconds, wall-clock backstop seconds) of one cell (a job without "wall": 10 times)."""
+    return job["timeout"], job.get("wall", 10 * job["timeout"])
+
+
+def _run(shell, source: str, limits) -> dict:
     from IPython.utils.capture import capture_output
 
     status, ename, evalue = "ok", "", ""
     with capture_output(display=True) as cap:
-        _arm(timeout)
+        _arm(limits)
         try:
             result = shell.run_cell(source, store_history=False, silent=False)
         except KeyboardInterrupt:  # the alarm fired outside the cell's own code
@@ -83,6 +131,7 @@ def _run(shell, source: str, timeout: float) -> dict:
     err = None if result is None else (result.error_before_exec or result.error_in_exec)
     if _State.fired:
         status, ename = "timeout", "TimeoutError"
+        evalue = _State.fired  # "cpu" or "wall" (the grader reads only these two words)
     elif result is None or err is not None:
         status = "error"
         ename = type(err).__name__ if err is not None else "KeyboardInterrupt"
@@ -204,7 +253,7 @@ def _hidden(job: dict, functions: dict, slow: set) -> None:
         if gid in skip:
             continue
         _send({"t": "hstart", "gid": gid})
-        _arm(job["timeout"])
+        _arm(_limits(job))
         timed_out = gid in slow  # its visible checks already ran out of time: do not wait again
         try:
             for name, blobs in per_name.items():
@@ -278,7 +327,7 @@ def main(argv: list[str]) -> int:
             if mode == "call" and fn is not _MISSING and callable(fn) and not job.get("visible_only"):
                 seen[name] = (fn, _Seen(fn, cell["gid"], name, cell["gid"] in job.get("measure_memory", ())))
                 shell.user_ns[name] = seen[name][1]
-        rec = _run(shell, cell["source"], job["timeout"]) if cell["source"].strip() else \
+        rec = _run(shell, cell["source"], _limits(job)) if cell["source"].strip() else \
             {"status": "ok", "ename": "", "evalue": "", "out": ""}
         for name, (fn, wrapper) in seen.items():
             if shell.user_ns.get(name, _MISSING) is wrapper:
@@ -291,7 +340,7 @@ def main(argv: list[str]) -> int:
             if i in job.get("skip_capture", ()):  # reading it did not stop on an earlier run
                 _send({"t": "value", "gid": gid, "name": name, "ok": False, "error": "timeout"})
                 continue
-            _arm(job["timeout"])  # reading a value runs the student's code too (__len__, __iter__)
+            _arm(_limits(job))  # reading a value runs the student's code too (__len__, __iter__)
             try:
                 _capture(shell, gid, name, mode, functions)
             except BaseException:  # noqa: BLE001  (SystemExit, a time-out: this value only)

@@ -9,7 +9,11 @@ For each submission (student, assignment) the grader
 2. runs :mod:`tfbook.course.driver` on it in a sandbox (:mod:`tfbook.course.sandbox`),
    supervising every cell's time from outside: a cell that does not stop when it is
    interrupted, or that crashes the process, is skipped on a fresh run, so it costs only
-   the points of what it breaks;
+   the points of what it breaks. Time is measured so that a loaded machine does not use it
+   up (:class:`~tfbook.course.sandbox.Meter`): a cell's limit (``--timeout``) and a
+   notebook's (``--total-timeout``) are CPU seconds, with a backstop of ``WALL_FACTOR`` times
+   as many wall-clock seconds *less the time spent waiting for a CPU* for code that sleeps or
+   blocks;
 3. sends the sandbox the inputs of the hidden cases only after its visible phase ended,
    receives the student's outputs as plain data, and has the judge
    (:mod:`tfbook.course.judge`) run the master's tests on them in another process that
@@ -50,6 +54,15 @@ from tfbook.course.wire import Undecodable, decode
 ROOT = Path(__file__).resolve().parents[2]
 CSV_FIELDS = report.CSV_FIELDS
 GRACE = 3.0  # seconds a cell gets after its time-out interrupt before the sandbox is killed
+# A limit of T CPU seconds also stops code after WALL_FACTOR * T seconds of wall-clock time not
+# spent waiting for a CPU (code that sleeps, or blocks, uses no CPU). Honest code waits for
+# nothing else, so it never meets the backstop first, at any load; a sleeper holds a job slot
+# (not a core) for at most 3 T. Where the kernel does not count the run-queue delay (no
+# /proc/<pid>/schedstat), the backstop is plain wall-clock time, PLAIN_WALL_FACTOR * T: fair up
+# to a load of about that many times the cores, for code using all of its CPU limit.
+WALL_FACTOR = 3.0
+PLAIN_WALL_FACTOR = 10.0
+SAMPLE = 0.25  # seconds between two readings of a sandbox's meter
 MAX_ATTEMPTS = 3  # runs of one submission (each skips the cells that hung or crashed before)
 MAX_LINE = 48 * 2**20
 MAX_STREAM = 128 * 2**20
@@ -138,6 +151,27 @@ def build_job(sub, plan) -> tuple[list[dict], list[str], dict[str, int]]:
 # --------------------------------------------------------------------------- one sandbox run
 
 
+def wall_factor() -> float:
+    return WALL_FACTOR if sandbox.run_queue_delays_available() else PLAIN_WALL_FACTOR
+
+
+@dataclass
+class Budget:
+    """One notebook's overall limits and what its runs have used of them: CPU seconds, and the
+    wall-clock backstop (seconds not spent waiting for a CPU, nor for the judge)."""
+    cpu: float
+    wall: float
+    cpu_used: float = 0.0
+    wall_used: float = 0.0
+
+    @classmethod
+    def of(cls, total_timeout: float) -> "Budget":
+        return cls(cpu=total_timeout, wall=wall_factor() * total_timeout)
+
+    def spent(self, cpu: float = 0.0, wall: float = 0.0) -> bool:
+        return self.cpu_used + cpu >= self.cpu or self.wall_used + wall >= self.wall
+
+
 @dataclass
 class Attempt:
     records: dict = field(default_factory=dict)  # cell index -> end record
@@ -149,6 +183,9 @@ class Attempt:
     overall: bool = False
     error: str = ""
     waited: float = 0.0  # seconds spent waiting for the judge to record the cases
+    cpu: float = 0.0  # CPU seconds the sandbox used
+    own: float = 0.0  # its wall-clock seconds not spent waiting for a CPU (nor for the judge)
+    limit: dict = field(default_factory=dict)  # cell index -> "cpu"|"wall": which limit interrupted it
     visible: dict = field(default_factory=dict)  # gid -> name -> [(digest, answer)]
     kernel_peaks: dict = field(default_factory=dict)  # measured gid -> bytes its hidden calls took (kernel)
 
@@ -252,11 +289,18 @@ def _writer(stream, data: bytes) -> None:
             pass
 
 
-def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, deadline: float,
+def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, budget: Budget,
                 use_bwrap: bool, limits: sandbox.Limits, nproc: int, log: Path,
                 slot: "sandbox.Slot | None" = None) -> Attempt:
-    """Run the driver once on ``job``; supervise it; return what it reported."""
+    """Run the driver once on ``job``; supervise it; return what it reported.
+
+    Each cell, reading of a value and hidden test may use ``timeout`` CPU seconds and
+    ``wall_factor() * timeout`` seconds of the backstop (the driver interrupts it; GRACE
+    seconds more and the sandbox is killed); the whole run what is left of ``budget``, which
+    is updated with what the run used."""
     a = Attempt()
+    wall = wall_factor() * timeout
+    job = {**job, "wall": wall}
     peak_limit = limits.memory_bytes or 2**40
     if scratch.exists():
         shutil.rmtree(scratch, ignore_errors=True)
@@ -281,24 +325,34 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, deadline
     with open(log, "wb") as err:
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
                                 cwd=cwd, env=env, preexec_fn=sandbox.preexec(limits, nproc, slot))
+    meter = sandbox.Meter(proc.pid, slot)
     q: queue.Queue = queue.Queue()
     threading.Thread(target=_reader, args=(proc.stdout, q), daemon=True).start()
-    open_item, item_deadline, hidden_calls, window = None, None, {}, None
+    open_item, item_start, hidden_calls, window = None, None, {}, None
     capturing = {c["index"] for c in job["cells"] if c.get("capture")
                  and c["index"] not in job.get("skip_capture", [])}
+
+    def opened():  # an item's clocks start: (CPU seconds, backstop seconds) of the sandbox now
+        return (meter.cpu, meter.own)
+
+    last = time.monotonic()
     try:
         while True:
-            now = time.monotonic()
-            limit = deadline if item_deadline is None else min(deadline, item_deadline)
-            if now >= limit:
-                if now >= deadline:
+            if time.monotonic() - last >= SAMPLE:
+                meter.sample()
+                last = time.monotonic()
+                own = meter.own - a.waited  # waiting for the judge is not the notebook's time
+                if budget.spent(meter.cpu, own):
                     a.overall = True
-                kind = "timeout"
-                if open_item is not None:
-                    a.culprit = (*open_item, kind)
-                break
+                    if open_item is not None:
+                        a.culprit = (*open_item, "timeout")
+                    break
+                if item_start is not None and (meter.cpu - item_start[0] > timeout + GRACE
+                                               or meter.own - item_start[1] > wall + GRACE):
+                    a.culprit = (*open_item, "timeout")
+                    break
             try:
-                kind_msg, line = q.get(timeout=min(limit - now, 1.0))
+                kind_msg, line = q.get(timeout=SAMPLE)
             except queue.Empty:
                 continue
             if kind_msg != "line":
@@ -314,22 +368,24 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, deadline
             t = msg.get("t")
             if not a.visible_done:
                 if open_item is not None and open_item[0] == "capture" and t in ("start", "visible-done"):
-                    open_item, item_deadline = None, None
+                    open_item, item_start = None, None
                 if t == "start" and isinstance(msg.get("cell"), int):
                     open_item = ("cell", msg["cell"])
-                    item_deadline = time.monotonic() + timeout + GRACE
+                    item_start = opened()
                 elif t == "end" and open_item == ("cell", msg.get("cell")):
                     status = msg.get("status") if msg.get("status") in ("ok", "error", "timeout") else "error"
+                    if status == "timeout":  # which limit: one of two fixed words, or neither
+                        a.limit[msg["cell"]] = msg.get("evalue") if msg.get("evalue") in ("cpu", "wall") else ""
                     a.records[msg["cell"]] = {
                         "status": status,
                         "ename": judge_mod.error_name(msg.get("ename")),  # never the student's class name
                         "evalue": str(msg.get("evalue", ""))[:300],
                         "out": str(msg.get("out", ""))[-2000:],
                     }
-                    open_item, item_deadline = None, None
+                    open_item, item_start = None, None
                     if msg["cell"] in capturing:  # reading its values runs the student's code too
                         open_item = ("capture", msg["cell"])
-                        item_deadline = time.monotonic() + timeout + GRACE
+                        item_start = opened()
                 elif t == "vresult":
                     gid, name, d = msg.get("gid"), msg.get("name"), msg.get("digest")
                     if isinstance(gid, str) and isinstance(name, str) and isinstance(d, str) \
@@ -351,7 +407,7 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, deadline
                             a.values.setdefault(gid, {})[name] = (False, _clean_error(msg.get("error")))
                 elif t == "visible-done":
                     a.visible_done = True
-                    open_item, item_deadline = None, None
+                    open_item, item_start = None, None
                     t0 = time.monotonic()
                     hidden_calls = calls_for()
                     a.waited += time.monotonic() - t0
@@ -367,9 +423,9 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, deadline
             # hidden phase: only results count; nothing here reaches the feedback
             if t == "hstart" and isinstance(msg.get("gid"), str):
                 open_item = ("hidden", msg["gid"])
-                item_deadline = time.monotonic() + timeout + GRACE
+                item_start = opened()
             elif t == "hend" and open_item == ("hidden", msg.get("gid")):
-                open_item, item_deadline = None, None
+                open_item, item_start = None, None
                 if window is not None and msg["gid"] in job.get("measure_memory", ()):
                     a.kernel_peaks[msg["gid"]] = window.close_and_reopen()
             elif t == "result" and open_item == ("hidden", msg.get("gid")):
@@ -381,7 +437,11 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, deadline
                 a.done = True
                 break
     finally:
+        meter.sample()
         _kill(proc)
+        a.cpu, a.own = meter.cpu, max(0.0, meter.own - a.waited)
+        budget.cpu_used += a.cpu
+        budget.wall_used += a.own
         if slot is not None:
             slot.kill_all()
             # the kernel's measure of the whole sandbox: a claim above it is forged
@@ -459,15 +519,6 @@ def _judge_limits() -> None:
         pass
 
 
-def _cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of a process (Linux /proc), or None."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 class JudgeProxy:
     """A judge process for one assignment (started when its first submission starts)."""
 
@@ -515,7 +566,8 @@ class JudgeProxy:
     def evaluate(self, values, results, visible=None, timeout: float | None = None) -> dict:
         """Judge one submission's data. ``timeout`` bounds the judge's *CPU* time on it (a hang
         on a student's data burns CPU; a judge that merely waits for a core on a loaded machine
-        does not), and WALL_FACTOR times as much wall time bounds a judge that blocks."""
+        does not), and ``wall_factor()`` times as much wall-clock time not spent waiting for a
+        CPU (:class:`~tfbook.course.sandbox.Meter`) bounds a judge that blocks."""
         import select
 
         limit = self.EVALUATE_TIMEOUT if timeout is None else min(self.EVALUATE_TIMEOUT, timeout)
@@ -523,13 +575,12 @@ class JudgeProxy:
             r = self.ready()  # inside the lock: after a restart, the new judge's "ready" is read first
             if "failed" in r:
                 raise RuntimeError(f"the master notebook could not be run: {r['failed']}")
-            t0, cpu0 = time.monotonic(), _cpu_seconds(self.proc.pid)
+            t0, meter = time.monotonic(), sandbox.Meter(self.proc.pid)
             try:
                 judge_mod._send(self.proc.stdin, (values, results, visible or {}))
-                while not select.select([self.proc.stdout], [], [], 1.0)[0]:
-                    cpu = _cpu_seconds(self.proc.pid)
-                    used = (cpu - cpu0) if cpu is not None and cpu0 is not None else time.monotonic() - t0
-                    if used > limit or time.monotonic() - t0 > limit * self.WALL_FACTOR:
+                while not select.select([self.proc.stdout], [], [], SAMPLE)[0]:
+                    meter.sample()
+                    if meter.cpu > limit or meter.own > limit * wall_factor():
                         raise TimeoutError(f"judging this submission took over {limit:g} s")
                     if self.proc.poll() is not None:
                         raise EOFError
@@ -544,8 +595,6 @@ class JudgeProxy:
         if status != "ok":
             raise RuntimeError(payload)
         return payload
-
-    WALL_FACTOR = 10.0  # wall seconds per CPU second of the limit before a blocked judge is restarted
 
     def restart(self) -> None:
         """Kill the judge and start a fresh one (callers hold ``self.lock``)."""
@@ -582,7 +631,7 @@ def grade_one(row: Row, path: Path, plan, judge: JudgeProxy, work: Path, *, time
               total_timeout: float, use_bwrap: bool, limits: sandbox.Limits, nproc: int,
               logs: Path, note: str, slot: "sandbox.Slot | None" = None, data: bytes | None = None) -> None:
     start = time.monotonic()
-    deadline = start + total_timeout
+    budget = Budget.of(total_timeout)
     judge.start()  # records the cases while the sandbox runs the visible phase
     sub = read_submission((data if data is not None else path.read_bytes()).decode("utf-8"))
     cells, notes, placed = build_job(sub, plan)
@@ -598,11 +647,10 @@ def grade_one(row: Row, path: Path, plan, judge: JudgeProxy, work: Path, *, time
     events, attempt, waited = [], None, 0.0
     for n in range(MAX_ATTEMPTS):
         row.attempts = n + 1
-        attempt = run_attempt(job, work / "scratch", judge.calls, timeout=timeout, deadline=deadline,
+        attempt = run_attempt(job, work / "scratch", judge.calls, timeout=timeout, budget=budget,
                               use_bwrap=use_bwrap, limits=limits, nproc=nproc,
                               log=logs / _log_name(row, n + 1), slot=slot)
-        waited += attempt.waited
-        deadline += attempt.waited  # the wait for the judge is not the notebook's time
+        waited += attempt.waited  # the wait for the judge is not the notebook's time
         if attempt.error:
             break
         c = attempt.culprit
@@ -638,7 +686,7 @@ def grade_one(row: Row, path: Path, plan, judge: JudgeProxy, work: Path, *, time
     try:
         # the judge's work is this notebook's: bounded by what is left of its overall limit
         verdict = judge.evaluate(values, results, attempt.visible,
-                                 timeout=max(JudgeProxy.MIN_EVALUATE, deadline - time.monotonic()))
+                                 timeout=max(JudgeProxy.MIN_EVALUATE, budget.cpu - budget.cpu_used))
     except Exception as exc:  # noqa: BLE001
         row.status, row.reason = "error", f"grader: {exc}"[:300]
         return
@@ -661,8 +709,8 @@ def grade_one(row: Row, path: Path, plan, judge: JudgeProxy, work: Path, *, time
                  f"the hidden cases of {key}")
         if what == "timeout":
             timed_out = True
-            parts.append(f"{label} did not stop {GRACE:g} s after its {timeout:g} s time-out "
-                         "interrupt: it was skipped on a fresh run")
+            parts.append(f"{label} did not stop {GRACE:g} s after its time-out interrupt "
+                         f"({limit_words(timeout)}): it was skipped on a fresh run")
         else:
             crashed = True
             parts.append(f"{label} crashed the notebook: graded again without it" if where != "end"
@@ -670,11 +718,11 @@ def grade_one(row: Row, path: Path, plan, judge: JudgeProxy, work: Path, *, time
     for i, rec in attempt.records.items():
         if rec and rec["status"] == "timeout":
             timed_out = True
-            parts.append(f"{_cell_label(by_index.get(i), sub, i, plan.order)} ran longer than {timeout:g} s "
-                         "and was interrupted")
+            parts.append(f"{_cell_label(by_index.get(i), sub, i, plan.order)} "
+                         f"{ran_longer(timeout, attempt.limit.get(i, ''))} and was interrupted")
     if attempt.overall:
         timed_out = True
-        parts.append(f"the notebook ran past the overall limit of {total_timeout:g} s; "
+        parts.append(f"the notebook ran past the overall limit ({limit_words(total_timeout)}); "
                      "what ran before was graded")
     if deleted:
         parts.append("cells deleted: " + ", ".join(deleted))
@@ -712,6 +760,22 @@ def grade_one(row: Row, path: Path, plan, judge: JudgeProxy, work: Path, *, time
     if row.status != "error":
         row.status = "timeout" if timed_out else ("crashed" if crashed else "graded")
     row.reason = "; ".join(parts)
+
+
+def limit_words(cpu: float) -> str:
+    """A limit of ``cpu`` CPU seconds and its backstop, in words."""
+    return (f"{cpu:g} s of CPU time, or {wall_factor() * cpu:g} s of wall-clock time"
+            + (" not spent waiting for a CPU" if sandbox.run_queue_delays_available() else ""))
+
+
+def ran_longer(cpu: float, which: str) -> str:
+    """What a cell interrupted by the limit ``which`` ("cpu", "wall" or "": unknown) did."""
+    if which == "cpu":
+        return f"ran longer than {cpu:g} s of CPU time"
+    if which == "wall":
+        return (f"ran longer than {wall_factor() * cpu:g} s of wall-clock time (sleeping or "
+                "waiting for something?)")
+    return f"ran longer than its limit ({limit_words(cpu)})"
 
 
 def _log_fault(logs: Path, row: Row, n: int) -> None:
@@ -1115,10 +1179,13 @@ def _check_diagnosis(rec: dict, answer: dict | None, timeout: float) -> str:
     cross = _first_cross(rec.get("out", ""))
     if cross:
         return cross
+    def which(r):
+        return r.get("evalue") if r.get("evalue") in ("cpu", "wall") else ""
+
     if rec.get("status") == "timeout":
-        return f"✘ the test ran longer than {timeout:g} s and was interrupted (a loop that never ends?)"
+        return f"✘ the test {ran_longer(timeout, which(rec))} and was interrupted (a loop that never ends?)"
     if answer and answer.get("status") == "timeout":
-        return f"✘ your answer cell ran longer than {timeout:g} s and was interrupted"
+        return f"✘ your answer cell {ran_longer(timeout, which(answer))} and was interrupted"
     if answer and answer.get("status") == "error":
         return (f"✘ your answer cell raised {judge_mod.error_name(answer.get('ename'))}: run it and "
                 "read its error first")
@@ -1168,7 +1235,7 @@ def check_notebook(path: Path, timeout: float = 60, stream=None) -> int:
     with tempfile.TemporaryDirectory(prefix="tfbook-check-") as tmp:
         scratch = Path(tmp) / "scratch"
         job = {"cells": cells, "timeout": timeout, "visible_only": True}
-        a = run_attempt(job, scratch, dict, timeout=timeout, deadline=time.monotonic() + 3600,
+        a = run_attempt(job, scratch, dict, timeout=timeout, budget=Budget.of(3600),
                         use_bwrap=False, limits=sandbox.Limits(), nproc=sandbox.nproc_limit(sandbox.Limits(), 1),
                         log=Path(tmp) / "check.log")
     if a.error:

@@ -14,7 +14,11 @@ course folder, not another submission, not the gradebook, not the network
 Limits (``Limits``): address space for data (``RLIMIT_DATA``, default 4 GiB, so an
 8 GiB allocation raises ``MemoryError``), CPU seconds (``RLIMIT_CPU``), processes and
 threads of the sandbox user (``RLIMIT_NPROC``), size of any file written
-(``RLIMIT_FSIZE``), plus the grader's own wall-clock limits per cell and per notebook.
+(``RLIMIT_FSIZE``), plus the grader's own time limits per cell and per notebook, which
+:class:`Meter` measures so that they do not shrink when the machine is loaded: CPU
+seconds of all the sandbox's processes, and a backstop on wall-clock seconds *less the
+time the sandbox waited for a CPU* (the kernel's run-queue delay), for code that sleeps
+or blocks.
 
 Each submission is alone (:class:`Slots`): when the grader runs as root, each of the
 ``--jobs`` sandboxes running at once has a user of its own (uids 200000 + slot, which own
@@ -37,6 +41,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -268,6 +273,7 @@ def _own_cgroup(controller: str) -> Path | None:
             base = Path("/sys/fs/cgroup") / controller
             if base.is_dir():
                 return base / path.lstrip("/")
+    v2_name = {"cpuacct": "cpu"}.get(controller, controller)  # v2 accounts CPU in its cpu controller
     for line in lines:  # v2
         if line.startswith("0::"):
             base = Path("/sys/fs/cgroup")
@@ -275,7 +281,7 @@ def _own_cgroup(controller: str) -> Path | None:
                 where = base / line[3:].lstrip("/")
                 ctrls = (where / "cgroup.subtree_control").read_text().split() if \
                     (where / "cgroup.subtree_control").is_file() else []
-                return where if controller in ctrls else None
+                return where if v2_name in ctrls else None
     return None
 
 
@@ -296,7 +302,7 @@ class Slot:
         self.groups: dict[str, Path] = {}
         if os.geteuid() != 0 or sys.platform != "linux":
             return
-        for controller in ("memory", "pids"):
+        for controller in ("memory", "pids", "cpuacct"):
             base = _own_cgroup(controller)
             if base is None:
                 continue
@@ -352,12 +358,26 @@ class Slot:
                 continue
         return None
 
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds (user + system) all of the slot's processes have used, ended ones
+        included, measured by the kernel (cpuacct, or v2's cpu.stat); None without the group."""
+        where = self.groups.get("cpuacct")
+        if where is None:
+            return None
+        try:
+            if (where / "cpuacct.usage").is_file():
+                return int((where / "cpuacct.usage").read_text().split()[0]) / 1e9
+            for line in (where / "cpu.stat").read_text().splitlines():
+                if line.startswith("usage_usec "):
+                    return int(line.split()[1]) / 1e6
+        except (OSError, ValueError, IndexError):
+            pass
+        return None
+
     def kill_all(self, wait: float = 10.0) -> None:
         """Every process left in the slot's groups (a sandbox's leftovers) is killed, and waited
         for (up to ``wait`` seconds): a fork bomb's dying processes still count against the
         slot's process limit, and the next submission in this slot must not inherit them."""
-        import time
-
         deadline = time.monotonic() + wait
         while True:
             left = 0
@@ -384,8 +404,6 @@ class Slot:
                     where.rmdir()
                     break
                 except OSError:
-                    import time
-
                     time.sleep(0.05)
 
 
@@ -415,3 +433,127 @@ class Slots:
     def remove(self) -> None:
         for s in self.all:
             s.remove()
+
+
+# --------------------------------------------------------------------------- time that load does not shrink
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+
+
+def run_queue_delays_available() -> bool:
+    """Whether the kernel says how long each thread waited for a CPU (/proc/<pid>/schedstat)."""
+    text = _read(f"/proc/{os.getpid()}/task/{os.getpid()}/schedstat")
+    return bool(text) and len(text.split()) >= 2
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and every process under it, alive now (Linux /proc; [] elsewhere). In the
+    sandbox's PID namespace an orphan is adopted by the sandbox's own init, so no process the
+    sandbox starts leaves the tree."""
+    if not os.path.isdir(f"/proc/{root}"):
+        return []
+    if _read(f"/proc/{root}/task/{root}/children") is None:  # no CONFIG_PROC_CHILDREN: scan /proc
+        parent = {}
+        for d in os.listdir("/proc"):
+            stat_ = _read(f"/proc/{d}/stat") if d.isdigit() else None
+            if stat_:
+                try:
+                    parent[int(d)] = int(stat_.rsplit(")", 1)[1].split()[1])
+                except (IndexError, ValueError):
+                    pass
+        out, todo = [], [root]
+        while todo:
+            pid = todo.pop()
+            out.append(pid)
+            todo += [c for c, p in parent.items() if p == pid and c not in out]
+        return out
+    out, todo, seen = [], [root], set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        out.append(pid)
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            todo += [int(c) for c in (_read(f"/proc/{pid}/task/{tid}/children") or "").split()]
+    return out
+
+
+class Meter:
+    """The time a sandbox (a process and every process under it) has used since the meter
+    started, measured so that a loaded machine does not use it up:
+
+    - ``cpu``: CPU seconds, user + system, of all its processes and threads (ended ones too:
+      a reaped child's time is in its parent's), or the slot's control group's count where
+      there is one (which no process can leave);
+    - ``own``: wall-clock seconds less the time it waited for a CPU: per interval between two
+      samples, the interval less the longest run-queue delay any of its threads had in it
+      (/proc/<pid>/task/<tid>/schedstat). A process that computes accrues about its CPU time,
+      one that sleeps or blocks accrues wall time, and neither accrues the time others' work
+      kept it off a core. Where the kernel gives no run-queue delay (``fair`` False), ``own``
+      is plain wall-clock time.
+
+    ``sample()`` brings both up to date (the grader calls it every fraction of a second)."""
+
+    def __init__(self, pid: int, slot: "Slot | None" = None):
+        self.pid, self.slot = pid, slot
+        self.fair = run_queue_delays_available()
+        self.cpu = self.own = 0.0
+        self._t = time.monotonic()
+        self._delays: dict[int, int] = {}
+        self._slot0 = slot.cpu_seconds() if slot is not None else None
+        self._tree0 = None
+        self.sample()
+
+    def _tree_cpu_and_delays(self) -> tuple[float, dict[int, int]]:
+        ticks, delays = 0, {}
+        for pid in process_tree(self.pid):
+            text = _read(f"/proc/{pid}/stat")
+            try:
+                f = text.rsplit(")", 1)[1].split()
+                ticks += int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])
+            except (AttributeError, IndexError, ValueError):
+                continue
+            if not self.fair:
+                continue
+            try:
+                tids = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            for tid in tids:
+                sched = _read(f"/proc/{pid}/task/{tid}/schedstat")
+                try:
+                    delays[int(tid)] = int(sched.split()[1])
+                except (AttributeError, IndexError, ValueError):
+                    pass
+        return ticks / _CLK_TCK, delays
+
+    def sample(self) -> "Meter":
+        now = time.monotonic()
+        dt, self._t = now - self._t, now
+        tree_cpu, delays = self._tree_cpu_and_delays()
+        if self._tree0 is None:  # the first sample: where both clocks start
+            self._tree0, self._delays = tree_cpu, delays
+            return self
+        cpu = tree_cpu - self._tree0
+        if self._slot0 is not None:
+            used = self.slot.cpu_seconds()
+            cpu = max(cpu, (used - self._slot0) if used is not None else 0.0)
+        self.cpu = max(self.cpu, cpu)
+        waited = max((d - self._delays.get(t, 0) for t, d in delays.items()), default=0) / 1e9
+        self.own += dt - min(max(waited, 0.0), dt) if self.fair else dt
+        self._delays = delays
+        return self
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
