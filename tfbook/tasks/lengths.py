@@ -11,9 +11,11 @@ the position scheme differs (``KINDS``):
 * ``"rope"``: rotary embeddings applied to the queries and keys (:func:`tfbook.torch.functional.rope`);
 * ``"alibi"``: no table; a bias ``-m (i - j)`` on the scores with one learned slope ``m > 0``.
 
-Chapter 7 trains seed 0 of ``table`` and ``alibi`` live (seconds each); the 12 runs take about a
-minute of CPU, so :func:`run` is shipped as a measured result (``lengths_results.json``: the
-accuracy at every test position 1..63 of every run)::
+Every run's weights are rounded to float16 (what is shipped) before it is tested. The 12 runs take
+about a minute of CPU, so :func:`run` is shipped as a measured result (``lengths_results.json``:
+the accuracy at every test position 1..63 of every run), with the float16 weights of the four
+seed-0 runs (``lengths_<kind>.pt``, 10 to 19 kB each), which chapter 7 evaluates
+(:func:`load_seed0`) instead of training them live::
 
     python -m tfbook.tasks.lengths            # or --out DIR
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,26 +34,37 @@ from torch.nn import functional as F
 
 from ..numpy.positions import sinusoidal_positional_encoding
 from ..torch.functional.positions import rope
-from ._common import cli, shipped, write_json
+from ..torch.training import History
+from ._common import cli, load_model, save_model, shipped, write_json
 
 __all__ = ["V", "D", "T_TRAIN", "T_TEST", "KINDS", "SEEDS", "RECIPE", "ARTIFACTS", "PrevToken",
-           "accuracy_by_position", "train", "run", "load_pretrained", "save", "main"]
+           "PrevTokenConfig", "accuracy_by_position", "test_ids", "train", "rounded", "run", "load_pretrained",
+           "load_seed0", "save", "main"]
 
 V, D, T_TRAIN, T_TEST = 10, 32, 16, 64
 KINDS = ("table", "sinusoidal", "rope", "alibi")
 SEEDS = (0, 1, 2)
 RECIPE = dict(steps=200, batch_size=64, lr=0.05, n_test=500, test_seed=2)
-ARTIFACTS = ("lengths_results.json",)
+ARTIFACTS = ("lengths_results.json",) + tuple(f"lengths_{kind}.pt" for kind in KINDS)
+
+
+@dataclass
+class PrevTokenConfig:
+    """What builds a :class:`PrevToken` (saved with its weights)."""
+
+    kind: str
 
 
 class PrevToken(nn.Module):
-    """One attention layer, float64: ``ids (B, T) -> logits (B, T, V)``; ``kind`` in :data:`KINDS`."""
+    """One attention layer, float64: ``ids (B, T) -> logits (B, T, V)``; ``kind`` in :data:`KINDS`
+    (or a :class:`PrevTokenConfig`)."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind):
         super().__init__()
+        kind = kind.kind if isinstance(kind, PrevTokenConfig) else kind
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
-        self.kind = kind
+        self.kind, self.config = kind, PrevTokenConfig(kind)
         f64 = dict(dtype=torch.float64)
         self.E = nn.Parameter(torch.randn(V, D, **f64) / D**0.5)
         self.W_Q = nn.Parameter(torch.randn(D, D, **f64) / D**0.5)
@@ -59,7 +73,9 @@ class PrevToken(nn.Module):
         if kind == "table":
             self.table = nn.Parameter(torch.randn(T_TEST, D, **f64) / D**0.5)
         elif kind == "sinusoidal":
-            self.register_buffer("table", torch.from_numpy(sinusoidal_positional_encoding(T_TEST, D)))
+            # fixed, so not saved with the weights (nor rounded to float16)
+            self.register_buffer("table", torch.from_numpy(sinusoidal_positional_encoding(T_TEST, D)),
+                                 persistent=False)
         elif kind == "alibi":
             self.m = nn.Parameter(torch.zeros((), **f64))  # slope = softplus(m) > 0
 
@@ -88,28 +104,48 @@ def test_ids() -> torch.Tensor:
     return torch.randint(0, V, (RECIPE["n_test"], T_TEST), generator=torch.Generator().manual_seed(RECIPE["test_seed"]))
 
 
-def train(kind: str, seed: int = 0) -> PrevToken:
-    """Adam, 200 steps of 64 fresh sequences of 16 tokens (the chapter's live recipe; seed 0 is its run)."""
+def train(kind: str, seed: int = 0, t_train: int = T_TRAIN) -> PrevToken:
+    """Adam, 200 steps of 64 fresh sequences of ``t_train`` tokens (16: the recipe of every shipped
+    run); full float64 weights, its losses in ``model.history`` (a :class:`History`)."""
+    if not 2 <= int(t_train) <= T_TEST:
+        raise ValueError(f"t_train must lie in [2, {T_TEST}], got {t_train!r}")
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(1 + 10 * seed)
     model = PrevToken(kind)
     opt = torch.optim.Adam(model.parameters(), lr=RECIPE["lr"])
+    losses = []
     with torch.enable_grad():
         for _ in range(RECIPE["steps"]):
-            ids = torch.randint(0, V, (RECIPE["batch_size"], T_TRAIN), generator=g)
+            ids = torch.randint(0, V, (RECIPE["batch_size"], int(t_train)), generator=g)
             loss = F.cross_entropy(model(ids)[:, 1:].reshape(-1, V), ids[:, :-1].reshape(-1))
             opt.zero_grad()
             loss.backward()
             opt.step()
+            losses.append(loss.item())
+    model.history = History(loss=losses, extra={"recipe": RECIPE, "kind": kind, "seed": seed, "t_train": int(t_train)})
     return model.eval()
 
 
-def run(kinds=KINDS, seeds=SEEDS) -> dict:
-    """``result[kind]``: a list (one per seed) of accuracies at test positions 1..63."""
+def rounded(model: PrevToken) -> PrevToken:
+    """The model with its weights rounded to float16 (what is shipped), kept in float64."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.half().double())
+    return model
+
+
+def run(kinds=KINDS, seeds=SEEDS, models: dict | None = None) -> dict:
+    """``result[kind]``: a list (one per seed) of accuracies at test positions 1..63, each run's
+    weights rounded to float16 first; ``models``, a dict, receives the seed-0 models."""
     ids = test_ids()
-    result = {"recipe": RECIPE, "seeds": list(seeds)}
+    result = {"recipe": RECIPE, "seeds": list(seeds), "weights": "float16"}
     for kind in kinds:
-        result[kind] = [accuracy_by_position(train(kind, s), ids).tolist() for s in seeds]
+        result[kind] = []
+        for s in seeds:
+            model = rounded(train(kind, s))
+            if models is not None and s == 0:
+                models[kind] = model
+            result[kind].append(accuracy_by_position(model, ids).tolist())
     return result
 
 
@@ -119,18 +155,33 @@ def load_pretrained(folder=None) -> dict:
     return json.loads(path.read_text())
 
 
-def save(result: dict, folder) -> list:
-    return [write_json(Path(folder) / ARTIFACTS[0], result)]
+def load_seed0(kind: str, folder=None) -> PrevToken:
+    """The shipped seed-0 model of ``kind`` (float16 weights, evaluated in float64, eval mode), its
+    training losses in ``model.history``."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    model, history = load_model(shipped(f"lengths_{kind}.pt", folder), PrevToken, PrevTokenConfig)
+    model.history = history
+    return model
+
+
+def save(result: dict, folder, models: dict | None = None) -> list:
+    """Write the result and, for each ``kind -> model`` in ``models``, its float16 weights."""
+    paths = [write_json(Path(folder) / ARTIFACTS[0], result)]
+    for kind, model in (models or {}).items():
+        paths.append(save_model(Path(folder) / f"lengths_{kind}.pt", model, model.history))
+    return paths
 
 
 def main(argv=None) -> None:  # pragma: no cover - writes the shipped artifacts
     def go(out, args):
         torch.set_num_threads(1)
-        result = run()
+        models = {}
+        result = run(models=models)
         for k in KINDS:
             print(k, [(round(float(np.mean(a[:T_TRAIN - 1])), 3), round(float(np.mean(a[T_TRAIN - 1:])), 3))
                       for a in result[k]])
-        print(save(result, out))
+        print(save(result, out, models))
 
     cli(__doc__, go, argv=argv)
 
