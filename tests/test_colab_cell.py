@@ -141,7 +141,7 @@ def test_released_student_notebooks_install_the_package_not_the_snippet(tmp_path
     student = next(iter(written.values())).read_text(encoding="utf-8")
     assert colab_cell.MARKER not in student
     assert "git clone" not in student
-    assert f'tfbook[book,course] @ git+https://{url}' in student
+    assert f'tfbook[book,check] @ git+https://{url}' in student
     wheel = "https://course.example.org/tfbook-0-py3-none-any.whl"
     written = release([chapter], out=tmp_path / "private", verbose=False, install=f"tfbook[book,course] @ {wheel}")
     student = next(iter(written.values())).read_text(encoding="utf-8")

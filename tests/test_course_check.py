@@ -102,7 +102,7 @@ def test_released_notebook_says_how_to_check_and_install(released):
     assert f"python -m tfbook.course check {CH0}.ipynb" in howto.source
     install = next(c for c in nb.cells if c.get("id") == course_release.INSTALL_ID)
     assert '"google.colab" in sys.modules' in install.source
-    assert "%pip install" in install.source and "tfbook[book,course]" in install.source
+    assert "%pip install" in install.source and "tfbook[book,check]" in install.source
     assert nb.cells.index(howto) == 1 and nb.cells.index(install) == 2  # right after the title
     master = nbformat.read(str(MASTER), as_version=4)
     assert course_release.find_leaks(master, course_release.notebook_text(nb)) == []

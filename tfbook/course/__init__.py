@@ -50,12 +50,38 @@ import it; its modules import each other in one direction only):
 
 __all__ = ["wire", "sandbox", "driver", "judge", "release", "report", "policies", "grade", "demo"]
 
-# The grader needs the `course` extra (pyproject.toml); without it, say so instead of a bare
+# A student's `check` needs the `check` extra (pyproject.toml), an instructor's release, grade
+# and merge the `course` extra (nbgrader and the rest); without them, say so instead of a bare
 # ModuleNotFoundError from deep inside a submodule. find_spec only looks; nothing is imported.
 import importlib.util as _util
 
-_MISSING = [m for m in ("nbformat", "nbclient", "nbconvert", "nbgrader") if _util.find_spec(m) is None]
-if _MISSING:
-    raise ImportError(f"tfbook.course needs the [course] extra, which is not installed "
-                      f"(missing: {', '.join(_MISSING)}); install it with "
-                      f"pip install \"tfbook[course]\" (or, in a clone, make venv)")
+
+def _missing(modules) -> list[str]:
+    out = []
+    for m in modules:
+        try:
+            if _util.find_spec(m) is None:
+                out.append(m)
+        except (ImportError, ValueError):
+            out.append(m)
+    return out
+
+
+CHECK_MODULES = ("nbformat", "IPython")
+COURSE_MODULES = ("nbformat", "IPython", "nbclient", "nbconvert", "nbgrader")
+
+
+def require_course_extra(what: str) -> None:
+    """Raise ImportError naming the [course] extra if ``what`` (release, grade, merge) lacks it."""
+    missing = _missing(COURSE_MODULES)
+    if missing:
+        raise ImportError(f"{what} needs the [course] extra (instructors), which is not installed "
+                          f"(missing: {', '.join(missing)}); install it with "
+                          f"pip install \"tfbook[course]\" (or, in a clone, make venv)")
+
+
+if _missing(CHECK_MODULES):
+    raise ImportError(f"tfbook.course needs the [check] extra (students: python -m tfbook.course check) "
+                      f"or the [course] extra (instructors), neither is installed "
+                      f"(missing: {', '.join(_missing(CHECK_MODULES))}); install one with "
+                      f"pip install \"tfbook[book,check]\" or \"tfbook[course]\" (in a clone: make venv)")

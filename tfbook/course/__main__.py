@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     p_rel.add_argument("--out", type=Path, default=ROOT / "_build" / "release")
     p_rel.add_argument("--install", default=None, metavar="REQUIREMENT",
                        help="what the notebooks' Colab cell pip-installs (default: the package, with its "
-                            "book and course extras, from where the chapter's own Colab cell gets it)")
+                            "book and check extras, from where the chapter's own Colab cell gets it)")
     p_gr = sub.add_parser("grade", help="autograde a folder of submissions, each in a sandbox")
     p_gr.add_argument("submissions", type=Path,
                       help="folder laid out as <student>/<assignment>/<assignment>.ipynb")
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"graded {len(rows)} submission(s) in {time.perf_counter() - start:.1f} s: "
                   f"{args.out / 'grades.csv'}, {args.out / 'exercises.csv'}, feedback in "
                   f"{args.out / 'feedback'}")
-    except (ValueError, RuntimeError) as exc:
+    except (ValueError, RuntimeError, ImportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -1012,6 +1012,9 @@ def grade(submissions: Path, out: Path = ROOT / "_build" / "grades", timeout: fl
 
     ``shard="k/N"`` grades the k-th of N disjoint parts of the class (``merge`` joins the
     parts' output folders into what one run writes)."""
+    from tfbook.course import require_course_extra
+
+    require_course_extra("grade")
     submissions, out = Path(submissions), Path(out)
     if not submissions.is_dir():
         raise ValueError(f"SUBMISSIONS_DIR {submissions} is not a folder")
@@ -1128,6 +1131,9 @@ def grade(submissions: Path, out: Path = ROOT / "_build" / "grades", timeout: fl
 def merge(parts: list[Path], out: Path, verbose: bool = True) -> list[dict]:
     """Join the output folders of ``grade --shard k/N`` runs into one: grades.csv, exercises.csv
     and .png and the feedback pages, as one run over the whole class writes them."""
+    from tfbook.course import require_course_extra
+
+    require_course_extra("merge")
     rows, seen = [], set()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

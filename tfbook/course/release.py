@@ -281,13 +281,13 @@ _SNIPPET_PIP = re.compile(r'%pip install[^"]*"tfbook(\[[^\]]*\])?\s*@\s*(git\+\S
 
 def default_install(master) -> str | None:
     """The pip requirement a student installs on Colab: the package with the extras the chapter
-    and ``check`` need, from where the chapter's own Colab cell installs it (the package is
+    and ``check`` need (``book`` and ``check``: not nbgrader, which only instructors use), from where the chapter's own Colab cell installs it (the package is
     built from its sources; the notebooks, and so the solutions, are not in it). None if the
     chapter has no Colab cell."""
     for cell in master.cells[:3]:
         m = _SNIPPET_PIP.search(cell.source) if cell.cell_type == "code" else None
         if m:
-            return f"tfbook[book,course] @ {m.group(2)}"
+            return f"tfbook[book,check] @ {m.group(2)}"
     return None
 
 
@@ -324,8 +324,11 @@ def release(notebooks: list[Path] | None = None, out: Path = ROOT / "_build" / "
     """Build student notebooks; return {assignment: path}. Raises if anything secret leaked.
 
     ``install``: the pip requirement the notebooks' Colab cell installs (default: the package
-    from where each chapter's own Colab cell gets it, with the ``book`` and ``course`` extras;
+    from where each chapter's own Colab cell gets it, with the ``book`` and ``check`` extras;
     an instructor whose repository must stay private gives a wheel's URL here)."""
+    from tfbook.course import require_course_extra
+
+    require_course_extra("release")
     paths = [Path(p) for p in notebooks] if notebooks else chapter_notebooks()
     if not paths:
         raise ValueError("no chapter notebooks with graded cells found")
