@@ -81,7 +81,8 @@ def require_course_extra(what: str) -> None:
 
 
 if _missing(CHECK_MODULES):
-    raise ImportError(f"tfbook.course needs the [check] extra (students: python -m tfbook.course check) "
-                      f"or the [course] extra (instructors), neither is installed "
-                      f"(missing: {', '.join(_missing(CHECK_MODULES))}); install one with "
-                      f"pip install \"tfbook[book,check]\" or \"tfbook[course]\" (in a clone: make venv)")
+    raise ImportError(f"tfbook.course needs the [course] extra (instructors) or the [check] extra "
+                      f"(students: python -m tfbook.course check), neither is installed "
+                      f"(missing: {', '.join(_missing(CHECK_MODULES))}); install it with "
+                      f"pip install \"tfbook[course]\", or pip install \"tfbook[book,check]\" to check "
+                      f"exercises only (in a clone: make venv)")
