@@ -60,7 +60,7 @@ def test_a_loop_meets_the_cpu_limit_and_a_sleeper_the_wall_backstop():
     assert a.records[3] == {"status": "ok", "ename": "an exception", "evalue": "", "out": "2\n"}
     assert a.culprit is None and not a.overall  # both stopped when interrupted: nothing skipped
     # the sleeper stopped after 3 s of its own time, not its 60 s; the loop after 1 s of CPU
-    assert a.wall < 40 and 1.0 <= a.cpu < 10
+    assert a.wall < 60 and 1.0 <= a.cpu < 10
     assert course_grade.ran_longer(LIMIT, "cpu") == "ran longer than 1 s of CPU time"
     assert course_grade.ran_longer(LIMIT, "wall").startswith("ran longer than 3 s of wall-clock time")
 
@@ -85,7 +85,7 @@ def test_the_notebook_limit_counts_cpu_seconds():
     budget = course_grade.Budget(cpu=2.5, wall=60)
     a = _attempt([BUSY.format(s=0.7)] * 6, budget=budget)
     assert a.overall
-    assert 2 <= len([r for r in a.records.values() if r["status"] == "ok"]) < 4
+    assert 1 <= len([r for r in a.records.values() if r["status"] == "ok"]) < 4  # 6 x 0.7 s: not all ran
     assert budget.cpu_used >= 2.5 and budget.wall_used < 60
 
 
@@ -137,3 +137,32 @@ def test_without_run_queue_delays_the_backstop_is_plain_wall_time(monkeypatch):
     time.sleep(0.3)
     assert meter.sample().own >= 0.3
     assert "not spent waiting" not in course_grade.limit_words(60)
+
+
+def test_a_slots_control_group_counts_the_cpu_a_process_tree_hides():
+    """A child whose parent ignores SIGCHLD is reaped by the kernel and its CPU time is lost to
+    the process tree's count; the slot's cpuacct group (as root, with cgroups) still has it."""
+    slots = course_sandbox.Slots(1, course_sandbox.Limits())
+    slot = slots.acquire()
+    try:
+        if slot.cpu_seconds() is None:
+            pytest.skip("no cpuacct control group here (not root, or no cgroups)")
+        script = ("import os, signal, time\nsignal.signal(signal.SIGCHLD, signal.SIG_IGN)\n"
+                  f"if os.fork() == 0:\n    exec({BUSY.format(s=0.8)!r})\n    os._exit(0)\n"
+                  "try:\n    os.wait()  # returns when the child has ended (and been reaped)\n"
+                  "except ChildProcessError:\n    pass\ntime.sleep(60)\n")
+        p = subprocess.Popen([sys.executable, "-c", script], preexec_fn=slot.enter)
+        group = course_sandbox.Meter(p.pid, slot)
+        time.sleep(0.3)
+        while len(course_sandbox.process_tree(p.pid)) > 1 and p.poll() is None:  # the child runs
+            group.sample()
+            time.sleep(0.1)
+        left, _ = course_sandbox.Meter(p.pid)._tree_cpu_and_delays()  # what the tree holds now
+        group.sample()
+        p.kill()
+        p.wait()
+        assert left < 0.5  # the child's 0.8 s are gone from the tree's count...
+        assert group.cpu >= 0.8  # ... and in the group's
+    finally:
+        slots.release(slot)
+        slots.remove()

@@ -398,7 +398,7 @@ class Slot:
 
     def remove(self) -> None:
         self.kill_all()
-        for where in self.groups.values():
+        for where in dict.fromkeys(self.groups.values()):  # cgroup v2: one folder for every controller
             for _ in range(50):
                 try:
                     where.rmdir()
