@@ -44,9 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     p_gr.add_argument("submissions", type=Path,
                       help="folder laid out as <student>/<assignment>/<assignment>.ipynb")
     p_gr.add_argument("--out", type=Path, default=ROOT / "_build" / "grades")
-    p_gr.add_argument("--timeout", type=float, default=60, help="per-cell time limit in seconds (default 60)")
+    p_gr.add_argument("--timeout", type=float, default=60,
+                      help="per-cell limit in CPU seconds (default 60); a cell that sleeps or blocks is "
+                           "stopped after 3 times as many wall-clock seconds not spent waiting for a CPU, "
+                           "so a loaded machine shortens neither")
     p_gr.add_argument("--total-timeout", type=float, default=900.0,
-                      help="limit for one student's whole notebook in seconds (default 900)")
+                      help="limit for one student's whole notebook in CPU seconds, with the same "
+                           "backstop (default 900)")
     p_gr.add_argument("--jobs", "-j", type=int, default=None,
                       help="submissions graded at once (default: the number of cores)")
     p_gr.add_argument("--memory", type=float, default=4.0,
@@ -62,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
         "check", help="students: run your notebook's visible tests and see your points",
         description=CHECK_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p_ch.add_argument("notebook", type=Path, help="your copy of the assignment, e.g. 00_setup_and_notation.ipynb")
-    p_ch.add_argument("--timeout", type=float, default=60, help="time limit of one cell in seconds (default 60)")
+    p_ch.add_argument("--timeout", type=float, default=60,
+                      help="limit of one cell in CPU seconds (default 60; 3 times as many seconds for "
+                           "a cell that sleeps)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
