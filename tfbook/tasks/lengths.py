@@ -12,7 +12,7 @@ the position scheme differs (``KINDS``):
 * ``"alibi"``: no table; a bias ``-m (i - j)`` on the scores with one learned slope ``m > 0``.
 
 Every run's weights are rounded to float16 (what is shipped) before it is tested. The 12 runs take
-about a minute of CPU, so :func:`run` is shipped as a measured result (``lengths_results.json``:
+well under a minute of CPU (about 15 s on one core), so :func:`run` is shipped as a measured result (``lengths_results.json``:
 the accuracy at every test position 1..63 of every run), with the float16 weights of the four
 seed-0 runs (``lengths_<kind>.pt``, 10 to 19 kB each), which chapter 7 evaluates
 (:func:`load_seed0`) instead of training them live::
