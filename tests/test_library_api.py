@@ -158,7 +158,8 @@ _orig = importlib.util.find_spec
 importlib.util.find_spec = lambda n, p=None: None if n.split('.')[0] in {blocked!r} else _orig(n, p)
 try:
     import tfbook.course
-    tfbook.course.require_course_extra("release")  # import needs only the [check] extra's modules
+    import tfbook.course.release
+    tfbook.course.release.require_course_extra("release")  # import needs only the [check] extra's modules
 except ImportError as e:
     print('IMPORTERROR', type(e).__name__, e)
 else:

@@ -67,18 +67,7 @@ def _missing(modules) -> list[str]:
     return out
 
 
-CHECK_MODULES = ("nbformat", "IPython")
-COURSE_MODULES = ("nbformat", "IPython", "nbclient", "nbconvert", "nbgrader")
-
-
-def require_course_extra(what: str) -> None:
-    """Raise ImportError naming the [course] extra if ``what`` (release, grade, merge) lacks it."""
-    missing = _missing(COURSE_MODULES)
-    if missing:
-        raise ImportError(f"{what} needs the [course] extra (instructors), which is not installed "
-                          f"(missing: {', '.join(missing)}); install it with "
-                          f"pip install \"tfbook[course]\" (or, in a clone, make venv)")
-
+CHECK_MODULES = ("nbformat", "IPython")  # release.require_course_extra checks the instructor's
 
 if _missing(CHECK_MODULES):
     raise ImportError(f"tfbook.course needs the [course] extra (instructors) or the [check] extra "

@@ -47,13 +47,14 @@ import nbformat
 
 from tfbook.course import judge as judge_mod
 from tfbook.course import policies
+from tfbook.course import release as release_mod
 from tfbook.course import report
 from tfbook.course import sandbox
 from tfbook.course.wire import Undecodable, decode
 
 ROOT = Path(__file__).resolve().parents[2]
 CSV_FIELDS = report.CSV_FIELDS
-GRACE = 3.0  # seconds a cell gets after its time-out interrupt before the sandbox is killed
+GRACE = 3.0  # seconds (of CPU, or of the backstop) a cell gets after its interrupt before the sandbox is killed
 # A limit of T CPU seconds also stops code after WALL_FACTOR * T seconds of wall-clock time not
 # spent waiting for a CPU (code that sleeps, or blocks, uses no CPU). Honest code waits for
 # nothing else, so it never meets the backstop first, at any load; a sleeper holds a job slot
@@ -1012,9 +1013,7 @@ def grade(submissions: Path, out: Path = ROOT / "_build" / "grades", timeout: fl
 
     ``shard="k/N"`` grades the k-th of N disjoint parts of the class (``merge`` joins the
     parts' output folders into what one run writes)."""
-    from tfbook.course import require_course_extra
-
-    require_course_extra("grade")
+    release_mod.require_course_extra("grade")
     submissions, out = Path(submissions), Path(out)
     if not submissions.is_dir():
         raise ValueError(f"SUBMISSIONS_DIR {submissions} is not a folder")
@@ -1131,9 +1130,7 @@ def grade(submissions: Path, out: Path = ROOT / "_build" / "grades", timeout: fl
 def merge(parts: list[Path], out: Path, verbose: bool = True) -> list[dict]:
     """Join the output folders of ``grade --shard k/N`` runs into one: grades.csv, exercises.csv
     and .png and the feedback pages, as one run over the whole class writes them."""
-    from tfbook.course import require_course_extra
-
-    require_course_extra("merge")
+    release_mod.require_course_extra("merge")
     rows, seen = [], set()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -279,6 +279,27 @@ HOWTO_ID, INSTALL_ID = "tfbook-how-to-check", "tfbook-colab-install"  # fixed id
 _SNIPPET_PIP = re.compile(r'%pip install[^"]*"tfbook(\[[^\]]*\])?\s*@\s*(git\+\S+?)"')
 
 
+COURSE_MODULES = ("nbformat", "IPython", "nbclient", "nbconvert", "nbgrader")
+
+
+def require_course_extra(what: str) -> None:
+    """Raise ImportError naming the [course] extra if ``what`` (release, grade, merge) lacks it
+    (a student's ``check`` needs only the [check] extra)."""
+    import importlib.util
+
+    missing = []
+    for m in COURSE_MODULES:
+        try:
+            if importlib.util.find_spec(m) is None:
+                missing.append(m)
+        except (ImportError, ValueError):
+            missing.append(m)
+    if missing:
+        raise ImportError(f"{what} needs the [course] extra (instructors), which is not installed "
+                          f"(missing: {', '.join(missing)}); install it with "
+                          f"pip install \"tfbook[course]\" (or, in a clone, make venv)")
+
+
 def default_install(master) -> str | None:
     """The pip requirement a student installs on Colab: the package with the extras the chapter
     and ``check`` need (``book`` and ``check``: not nbgrader, which only instructors use), from where the chapter's own Colab cell installs it (the package is
@@ -326,8 +347,6 @@ def release(notebooks: list[Path] | None = None, out: Path = ROOT / "_build" / "
     ``install``: the pip requirement the notebooks' Colab cell installs (default: the package
     from where each chapter's own Colab cell gets it, with the ``book`` and ``check`` extras;
     an instructor whose repository must stay private gives a wheel's URL here)."""
-    from tfbook.course import require_course_extra
-
     require_course_extra("release")
     paths = [Path(p) for p in notebooks] if notebooks else chapter_notebooks()
     if not paths:
