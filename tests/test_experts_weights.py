@@ -65,3 +65,26 @@ def test_a_short_retrain_is_deterministic():
     a = task.train("moe", seed=0, steps=3)[1].loss
     b = task.train("moe", seed=0, steps=3)[1].loss
     assert a == b and len(a) == 3
+
+
+def test_the_shipped_recipes_are_the_minima_of_the_validation_search():
+    search = task.load_search()
+    assert len(search["runs"]) == sum(len(task.grid(k)) for k in task.SEARCHED)
+    assert all("test" not in r for r in search["runs"])  # the search reads no test character
+    best = task.chosen(search["runs"])
+    assert best["moe-nobal"] == (best["moe"][0], 0.0)
+    scores = task.load_scores()
+    for kind in task.KINDS:
+        assert (scores[kind]["recipe"]["lr"], scores[kind]["recipe"]["balance"]) == best[kind]
+        assert all((r["lr"], r["balance"]) == best[kind] for r in scores[kind]["runs"])
+    for kind in task.SEARCHED:
+        point = [r for r in search["runs"] if r["kind"] == kind and (r["lr"], r["balance"]) == best[kind]]
+        assert len(point) == 1 and point[0]["curve"] == scores[kind]["runs"][0]["curve"]
+
+
+def test_chosen_refuses_an_incomplete_search():
+    runs = [r for r in task.load_search()["runs"] if not (r["kind"] == "dense-total" and r["lr"] == task.LRS[0])]
+    with pytest.raises(ValueError, match="2 records of 'dense-total', expected 3"):
+        task.chosen(runs)
+    with pytest.raises(ValueError, match="kind must be one of"):
+        task.grid("moe-nobal")
