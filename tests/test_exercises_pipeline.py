@@ -36,7 +36,9 @@ from tfbook.course import (
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTER = course_demo.CH0
 MASTER = ROOT / "notebooks" / f"{CHAPTER}.ipynb"
-CELL_TIMEOUT = 20  # seconds per cell: chapter 7's longest cell on a busy CI machine; the loopers wait it out
+# CPU seconds per cell (load does not use them up): the class's costliest honest cells, the
+# imports of chapters 4 and 7, take about 2 s of CPU; the loopers burn all of it
+CELL_TIMEOUT = 10
 
 pytestmark = pytest.mark.skipif(not MASTER.exists(), reason="chapter 0 not written yet")
 
