@@ -1,6 +1,10 @@
-"""serving_results.json (python -m tfbook.tasks.serving) against the code that made it and the
-chapter's bars: the recipe is the module's, slices of every measurement recompute to float64
-round-off, and the claims chapter 20 makes hold on the shipped numbers."""
+"""Chapter 20's artifacts (python -m tfbook.tasks.serving) against the code that made them and the
+chapter's bars: serving_results.json (the recipe is the module's, slices of every measurement
+recompute to float64 round-off, the claims hold on the shipped numbers), serving_windows.json
+(StreamingLLM's W is the validation's choice and recomputes), serving_finetuned.pt and
+serving_finetune.json (each method's learning rate and step are the validation's best, the float16
+weights reproduce their curves, the PyTorch model with stretched rotary tables equals the NumPy
+forward)."""
 
 import numpy as np
 import pytest
