@@ -68,7 +68,7 @@ class AttnOnlyLM(nn.Module):
 
     def numpy_params(self) -> dict:
         """The same dict as float64 NumPy arrays, for :func:`tfbook.numpy.induction.attn_only_forward`."""
-        f = lambda t: t.detach().cpu().double().numpy()  # noqa: E731
+        f = lambda t: t.detach().cpu().double().numpy().copy()  # noqa: E731  (a copy, never a view of the parameter)
         p = self.params()
         return {"W_E": f(p["W_E"]), "W_pos": f(p["W_pos"]), "W_U": f(p["W_U"]),
                 "layers": [{k: f(v) for k, v in layer.items()} for layer in p["layers"]]}
