@@ -10,31 +10,31 @@ CHAPTERS = ("22_in_context_learning",)
 
 MISTAKES = {"22_in_context_learning": {
     "ex22-1-ridge-tests": {
-        "no penalty": (code("""
-            def ridge_predict(X_ctx, y_ctx, x_query, ridge):
+        "isotropic prior": (code("""
+            def posterior_mean(X_ctx, y_ctx, Sigma, noise_var):
                 X_ctx, y_ctx = np.asarray(X_ctx, float), np.asarray(y_ctx, float)
-                if len(X_ctx) == 0:
-                    return 0.0
-                return float(np.asarray(x_query) @ np.linalg.pinv(X_ctx) @ y_ctx)
-        """), "the penalty was left out"),
-        "penalty on the labels": (code("""
-            def ridge_predict(X_ctx, y_ctx, x_query, ridge):
+                k, d = X_ctx.shape
+                return X_ctx.T @ np.linalg.solve(X_ctx @ X_ctx.T + noise_var * np.eye(k), y_ctx)
+        """), "the penalty sigma^2 I"),
+        "Sigma not inverted": (code("""
+            def posterior_mean(X_ctx, y_ctx, Sigma, noise_var):
                 X_ctx, y_ctx = np.asarray(X_ctx, float), np.asarray(y_ctx, float)
-                d = X_ctx.shape[1]
-                return float(x_query @ np.linalg.solve(X_ctx.T @ X_ctx + ridge * np.eye(d), X_ctx.T @ (y_ctx + ridge)))
-        """), "the penalty was added to the labels"),
-        "normal equations only": (code("""
-            def ridge_predict(X_ctx, y_ctx, x_query, ridge):
+                return np.linalg.solve(X_ctx.T @ X_ctx + noise_var * np.asarray(Sigma), X_ctx.T @ y_ctx)
+        """), "not sigma^2 Sigma"),
+        "primal form only": (code("""
+            def posterior_mean(X_ctx, y_ctx, Sigma, noise_var):
                 X_ctx, y_ctx = np.asarray(X_ctx, float), np.asarray(y_ctx, float)
-                d = X_ctx.shape[1]
-                return float(x_query @ np.linalg.solve(X_ctx.T @ X_ctx + ridge * np.eye(d), X_ctx.T @ y_ctx))
+                P = noise_var * np.linalg.inv(Sigma)
+                return np.linalg.solve(X_ctx.T @ X_ctx + P, X_ctx.T @ y_ctx)
         """), "X^T X is singular"),
     },
     "ex22-2-averaging-tests": {
-        "d over k": (code("prediction_avg = 10 / 20"), "the variance of each term"),
-        "least squares": (code("prediction_avg = 1 - 20 / 10"), "least squares' 1 - k/d"),
-        "not divided": (code("prediction_avg = 11 / 20 * 10"), "divide by d = 10"),
-        "d + 2": (code("prediction_avg = 12 / 20"), "bring it to d + 1"),
+        "noiseless": (code("prediction_avg = 11 / 20"), "the noiseless error"),
+        "d over k": (code("prediction_avg = 10.25 / 20"), "the variance of each term"),
+        "sigma not squared": (code("prediction_avg = 11.5 / 20"), "not sigma = 0.5"),
+        "query noise": (code("prediction_avg = 11 / 20 + 0.25"), "the query's own noise"),
+        "not divided": (code("prediction_avg = 11.25 / 20 * 10"), "divide by d = 10"),
+        "d + 2": (code("prediction_avg = 12.25 / 20"), "bring it to d + 1"),
     },
     "ex22-3-subspace-tests": {
         "full space": (code("prediction_sub = 1 - 1 / 5\nexact_from = 3"), "only w's component in the subspace"),
