@@ -118,11 +118,12 @@ def evaluate(model, split="validation") -> float:
 
 
 def train(seed: int = 0, steps: int | None = None, lr: float | None = None, shape: dict | None = None,
-          disable: bool = True, stop_after: int | None = None):
+          disable: bool = True, stop_after: int | None = None, log_every: int | None = None):
     """Train one model with :data:`RECIPE` (or the given ``steps``, ``lr``, ``shape``);
     returns ``(model, History)`` holding the best validation evaluation's weights.
     ``stop_after`` ends training after that many steps of the same schedule (a short retrain
-    that repeats the first steps of a full one)."""
+    that repeats the first steps of a full one); ``log_every`` prints the latest validation
+    evaluation every that many steps."""
     r = dict(RECIPE, seed=int(seed))
     r.pop("seeds")
     if steps is not None:
@@ -138,7 +139,9 @@ def train(seed: int = 0, steps: int | None = None, lr: float | None = None, shap
                          weight_decay=r["weight_decay"], schedule=("warmup_cosine", r["warmup"], r["min_lr"]),
                          eval_fn=lambda m: float(_loss(m, Xv, yv)), eval_every=r["eval_every"], keep_best=True,
                          seed=r["seed"], threads=1, deterministic=True, disable=disable, desc=f"incontext-{seed}",
-                         callbacks=[lambda step, m, h: stop_after is not None and step >= stop_after])
+                         callbacks=[lambda step, m, h: stop_after is not None and step >= stop_after,
+                                    lambda step, m, h: log_every is not None and step % log_every == 0 and print(
+                                        f"seed {seed} step {step}: validation {h.eval[-1]:.4f}", flush=True)])
     history.extra["recipe"] = dict(r, shape=dict(cfg.__dict__))
     return model, history
 
@@ -165,11 +168,12 @@ def load_pretrained(seed: int = 0, path=None):
 def main(argv=None) -> None:  # pragma: no cover - the command that writes the shipped artifacts
     def add(parser):
         parser.add_argument("--seeds", default=",".join(map(str, RECIPE["seeds"])), help="comma-separated seeds")
+        parser.add_argument("--steps", type=int, default=None, help=f"training steps (default {RECIPE['steps']})")
 
     def run(out, args):
         for s in (int(v) for v in args.seeds.split(",")):
             t0 = time.time()
-            model, history = train(s)
+            model, history = train(s, steps=args.steps, log_every=2000)
             model = _rounded(model)
             history.extra["validation_after_rounding"] = evaluate(model)
             save(model, history, out, s)
