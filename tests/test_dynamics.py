@@ -1,8 +1,9 @@
 """tfbook.dynamics: the experiments of chapters 3 and 8, and the shipped warm-up curves.
 
 Everything here is fast (seconds) except ``test_warmup_regeneration_meets_the_bar``, which
-retrains the twelve warm-up runs of chapter 8 (about 1 minute on an idle 2-core CPU, several on
-a busy one) and checks that a regeneration meets the same bar as the shipped curves. The curves
+retrains the thirteen warm-up runs of chapter 8 (about 1 minute on an idle 2-core CPU, several
+on a busy one) and checks that a regeneration meets the same bar as the shipped curves and
+weights. The curves
 were trained in float32, so bitwise equality is not expected across machines; the bar is the
 chapter's assertion: Post-LN without warm-up ends above 1.5 nats (chance is log 10 = 2.30; the
 shipped seeds end at 1.9-2.3), the three other settings below 1.0 (shipped: 0.10-0.67).
@@ -35,9 +36,43 @@ def test_warmup_bar_can_fail():
     assert dynamics.final_loss([1.0] * 19 + [float("nan")]) == math.inf
 
 
+def test_shipped_warmup_models_end_their_curves_and_meet_the_bar():
+    data = dynamics.load_warmup_curves()
+    assert data["recipe"]["small_lr"] == 3e-3 and len(data["small_lr_curve"]) == 200
+    ends = {"no warm-up, 1e-2": data["curves"]["Post-LN, no warm-up"][0],
+            "50-step warm-up, 1e-2": data["curves"]["Post-LN, 50-step warm-up"][0],
+            "no warm-up, 3e-3": data["small_lr_curve"]}
+    models = dynamics.load_warmup_models()
+    assert set(models) == set(dynamics.WARMUP_SLICE) == set(ends)
+    held = {name: dynamics.heldout_sort_loss(m) for name, m in models.items()}
+    for name, loss in held.items():
+        assert abs(loss - dynamics.final_loss(ends[name])) < 0.2, (name, loss)
+    assert held["no warm-up, 1e-2"] > dynamics.WARMUP_FAILED_ABOVE
+    assert max(held["50-step warm-up, 1e-2"], held["no warm-up, 3e-3"]) < dynamics.WARMUP_LEARNED_BELOW
+    # the check can fail: the model without warm-up does not end the warm-up curve
+    assert abs(held["no warm-up, 1e-2"] - dynamics.final_loss(ends["50-step warm-up, 1e-2"])) > 0.2
+
+
+def test_warmup_run_stop_after_gives_the_first_losses_of_the_run():
+    torch.set_num_threads(1)
+    data = dynamics.load_warmup_curves()
+    first = dynamics.warmup_run(False, 50, 0, stop_after=5)       # the 200-step schedule, cut after 5 steps
+    assert len(first) == 5
+    assert np.abs(np.array(first) - np.array(data["curves"]["Post-LN, 50-step warm-up"][0][:5])).max() < 1e-3
+    with pytest.raises(ValueError, match="stop_after"):
+        dynamics.warmup_run(False, 0, 0, steps=10, stop_after=11)
+
+
 def test_warmup_regeneration_meets_the_bar(tmp_path):
-    dynamics.main(["warmup", "--out", str(tmp_path / "curves.json")])
-    assert meets_warmup_bar(dynamics.load_warmup_curves(tmp_path / "curves.json")["curves"])
+    from tfbook.tasks import dynamics as task
+    task.main(["--out", str(tmp_path)])
+    regenerated = dynamics.load_warmup_curves(tmp_path / dynamics.WARMUP_CURVES.name)
+    assert meets_warmup_bar(regenerated["curves"])
+    assert dynamics.final_loss(regenerated["small_lr_curve"]) < dynamics.WARMUP_LEARNED_BELOW
+    held = {name: dynamics.heldout_sort_loss(m)
+            for name, m in dynamics.load_warmup_models(tmp_path / dynamics.WARMUP_MODELS.name).items()}
+    assert held["no warm-up, 1e-2"] > dynamics.WARMUP_FAILED_ABOVE
+    assert max(held["50-step warm-up, 1e-2"], held["no warm-up, 3e-3"]) < dynamics.WARMUP_LEARNED_BELOW
 
 
 def test_steps_to_threshold():

@@ -22,7 +22,7 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default=str(WARMUP_CURVES))
     args = parser.parse_args(argv)
     result = _task.train()
-    write_json(Path(args.out), result)
+    write_json(Path(args.out), {k: v for k, v in result.items() if k != "models"})
     _task._print_finals(result)
 
 

@@ -6,9 +6,13 @@
   second weight) at initialisation, the quantity Xiong et al. (2020) plot, for Post-LN and
   Pre-LN stacks.
 * :func:`warmup_run` and :func:`warmup_experiment` (chapter 8): Post-LN and Pre-LN stacks
-  trained with and without learning-rate warm-up. The experiment takes minutes on a CPU, so
-  its loss curves ship in ``tfbook/weights/ch8_warmup_curves.json``; regenerate them with
-  ``python -m tfbook.tasks.dynamics [--out DIR]`` (or, as before, ``python -m tfbook.dynamics warmup``).
+  trained with and without learning-rate warm-up, plus Post-LN seed 0 without warm-up at the
+  smaller rate ``WARMUP_RECIPE["small_lr"]``. The experiment takes a minute or more on a CPU, so
+  its loss curves ship in ``tfbook/weights/ch8_warmup_curves.json`` and the final weights of the
+  three seed-0 Post-LN runs (float16, :data:`WARMUP_SLICE`) in ``ch8_warmup_seed0.pt``; the
+  chapter retrains only their first steps and measures the shipped weights on held-out
+  sequences (:func:`heldout_sort_loss`). Regenerate both files with
+  ``python -m tfbook.tasks.dynamics [--out DIR]`` (``python -m tfbook.dynamics warmup`` writes the curves).
 * :func:`rank_collapse` (chapter 8): how far a stack of self-attention layers (alone, with
   skip connections, with skips and MLPs) leaves its input from the rank-one matrices
   ``1 x^T`` (Dong, Cordonnier and Loukas, 2021).
@@ -62,6 +66,10 @@ __all__ = [
     "warmup_run",
     "warmup_experiment",
     "load_warmup_curves",
+    "WARMUP_MODELS",
+    "WARMUP_SLICE",
+    "load_warmup_models",
+    "heldout_sort_loss",
     "meets_warmup_bar",
     "final_loss",
     "rank_one_residual",
@@ -73,12 +81,18 @@ SCALES = {"1/sqrt(D_K)": lambda D_K: 1 / math.sqrt(D_K), "1/D_K": lambda D_K: 1 
 #: The shipped warm-up curves of chapter 8 (JSON written by ``python -m tfbook.tasks.dynamics``).
 WARMUP_CURVES = WEIGHTS / "ch8_warmup_curves.json"
 #: The recipe of chapter 8's warm-up experiment (model size, steps, learning rate, seeds).
-WARMUP_RECIPE = dict(L=6, D=32, H=2, V=10, T=8, B=32, steps=200, lr=1e-2, warmup=50, seeds=(0, 1, 2))
+WARMUP_RECIPE = dict(L=6, D=32, H=2, V=10, T=8, B=32, steps=200, lr=1e-2, warmup=50, seeds=(0, 1, 2),
+                     small_lr=3e-3)
+#: The shipped final weights (float16) of the three seed-0 Post-LN runs of :data:`WARMUP_SLICE`.
+WARMUP_MODELS = WEIGHTS / "ch8_warmup_seed0.pt"
+#: The seed-0 Post-LN runs whose weights ship, by name: (warm-up steps, learning rate); the third
+#: is the smaller-rate run, whose curve ships under ``result["small_lr_curve"]``.
+WARMUP_SLICE = {"no warm-up, 1e-2": (0, 1e-2), "50-step warm-up, 1e-2": (50, 1e-2), "no warm-up, 3e-3": (0, 3e-3)}
 #: chapter 8's bar on the warm-up experiment (mean loss of the last 20 steps, nats; chance is
 #: log 10 = 2.30): Post-LN without warm-up did not learn, every other run learned
 WARMUP_FAILED_ABOVE, WARMUP_LEARNED_BELOW = 1.5, 1.0
 RECIPE = WARMUP_RECIPE
-ARTIFACTS = (WARMUP_CURVES.name,)
+ARTIFACTS = (WARMUP_CURVES.name, WARMUP_MODELS.name)
 
 
 # --------------------------------------------------------------------------------------------
@@ -210,39 +224,74 @@ def sort_batch(g: torch.Generator, B: int, T: int, V: int):
 
 
 def warmup_run(norm_first: bool, warmup: int, seed: int, L=6, D=32, H=2, V=10, T=8, B=32, steps=200,
-               lr=1e-2) -> list[float]:
+               lr=1e-2, stop_after: int | None = None, return_model: bool = False):
     """Training losses (nats) on the sort task; ``warmup`` steps of linear warm-up (0: none), then ``lr``.
 
     float32, AdamW without weight decay and without gradient clipping (clipping is itself a cure).
+    ``stop_after``: stop after that many steps of the same ``steps``-step run (its first losses,
+    equal to those of the whole run). ``return_model``: return ``(losses, model)``.
     """
+    if stop_after is not None and not 1 <= stop_after <= steps:
+        raise ValueError(f"stop_after must lie in 1..steps={steps}, got {stop_after}")
     torch.manual_seed(seed)
     model = SortNet(norm_first, L, D, H, V, T)
 
     def loss_fn(m, x, y):
         return nn.functional.cross_entropy(m(x).reshape(-1, V), y.reshape(-1))
 
+    callbacks = () if stop_after is None else (lambda step, m, h: step >= stop_after,)
     schedule = ("warmup_cosine", warmup, lr) if warmup else "constant"   # min_lr = lr: flat after warm-up
     try:
-        return list(train_loop(model, loss_fn, lambda g: sort_batch(g, B, T, V), steps, lr=lr, grad_clip=None,
-                          schedule=schedule, seed=seed, threads=1, disable=True).loss)
+        losses = list(train_loop(model, loss_fn, lambda g: sort_batch(g, B, T, V), steps, lr=lr, grad_clip=None,
+                                 schedule=schedule, seed=seed, threads=1, disable=True, callbacks=callbacks).loss)
     except ValueError:                                      # a non-finite loss: diverged
-        return [float("nan")] * steps
+        losses = [float("nan")] * (steps if stop_after is None else stop_after)
+    return (losses, model) if return_model else losses
 
 
 def warmup_experiment(recipe: dict = WARMUP_RECIPE) -> dict:
-    """Loss curves ``{"Post-LN, no warm-up": [[...] per seed], ...}`` plus the recipe."""
+    """Loss curves ``{"Post-LN, no warm-up": [[...] per seed], ...}``, the recipe, the curve of
+    Post-LN seed 0 without warm-up at ``recipe["small_lr"]`` (``"small_lr_curve"``) and, under
+    ``"models"``, the trained seed-0 Post-LN models of :data:`WARMUP_SLICE` (not JSON: :func:`save`
+    writes them to their own file)."""
     r = dict(recipe)
-    seeds, warm = r.pop("seeds"), r.pop("warmup")
-    curves = {}
+    seeds, warm, small_lr = r.pop("seeds"), r.pop("warmup"), r.pop("small_lr")
+    curves, models = {}, {}
     for norm_first, name in ((False, "Post-LN"), (True, "Pre-LN")):
         for w, label in ((0, "no warm-up"), (warm, f"{warm}-step warm-up")):
-            curves[f"{name}, {label}"] = [warmup_run(norm_first, w, s, **r) for s in seeds]
-    return {"recipe": dict(recipe, seeds=list(seeds)), "curves": curves}
+            runs = [warmup_run(norm_first, w, s, **r, return_model=True) for s in seeds]
+            curves[f"{name}, {label}"] = [c for c, _ in runs]
+            if not norm_first and seeds[0] == 0:
+                models[f"{label}, 1e-2"] = runs[0][1]
+    small, models["no warm-up, 3e-3"] = warmup_run(False, 0, 0, **dict(r, lr=small_lr), return_model=True)
+    return {"recipe": dict(recipe, seeds=list(seeds)), "curves": curves, "small_lr_curve": small, "models": models}
 
 
 def load_warmup_curves(path=WARMUP_CURVES) -> dict:
     """The shipped result of :func:`warmup_experiment` (see the module docstring)."""
     return json.loads(Path(path).read_text())
+
+
+def load_warmup_models(path=WARMUP_MODELS) -> dict:
+    """The shipped seed-0 Post-LN models ``{name: SortNet}`` of :data:`WARMUP_SLICE` (float16
+    weights, returned in float64, eval mode)."""
+    blob = torch.load(Path(path), weights_only=True)
+    r = blob["recipe"]
+    models = {}
+    for name, state in blob["state_dicts"].items():
+        m = SortNet(False, r["L"], r["D"], r["H"], r["V"], r["T"]).double()
+        m.load_state_dict({k: v.to(torch.float64) for k, v in state.items()})
+        models[name] = m.eval()
+    return models
+
+
+def heldout_sort_loss(model: nn.Module, n: int = 1024, seed: int = 10_000) -> float:
+    """Mean cross-entropy (nats per digit) of ``model`` on ``n`` fresh sort sequences drawn with
+    generator ``seed`` (no training run draws from it: they use seeds 0-2), in the model's dtype."""
+    V, T = model.head.out_features, model.pos.shape[0]
+    x, y = sort_batch(torch.Generator().manual_seed(seed), n, T, V)
+    with torch.no_grad():
+        return float(nn.functional.cross_entropy(model(x).reshape(-1, V), y.reshape(-1)))
 
 
 def meets_warmup_bar(curves: dict) -> bool:
@@ -320,13 +369,26 @@ def load_pretrained(path=None) -> dict:
 
 
 def save(result: dict, folder) -> Path:
-    """Write ``result`` as ``ch8_warmup_curves.json`` into ``folder``."""
-    return write_json(Path(folder) / WARMUP_CURVES.name, result)
+    """Write ``result`` as ``ch8_warmup_curves.json`` into ``folder`` and, if it holds ``"models"``
+    (a fresh :func:`train`), their float16 weights as ``ch8_warmup_seed0.pt``; returns the JSON's path."""
+    folder = Path(folder)
+    result = dict(result)
+    models = result.pop("models", None)
+    if models is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        r = result["recipe"]
+        torch.save({"recipe": {k: r[k] for k in ("L", "D", "H", "V", "T")},
+                    "state_dicts": {name: {k: v.detach().to(torch.float16).clone() for k, v in m.state_dict().items()}
+                                    for name, m in models.items()}}, folder / WARMUP_MODELS.name)
+    return write_json(folder / WARMUP_CURVES.name, result)
 
 
 def _print_finals(result: dict) -> None:
     for name, runs in result["curves"].items():
         print(f"{name:28s} final losses " + ", ".join(f"{final_loss(c):.3f}" for c in runs))
+    if "small_lr_curve" in result:
+        print(f"{'Post-LN, no warm-up, ' + str(result['recipe']['small_lr']):28s} final loss "
+              f"{final_loss(result['small_lr_curve']):.3f} (seed 0)")
 
 
 def main(argv=None) -> None:  # pragma: no cover - the command that writes the shipped file
