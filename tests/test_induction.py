@@ -227,3 +227,18 @@ def test_head_outputs_sum_to_the_residual_update():
         np.testing.assert_allclose(b.numpy(), a, atol=1e-10)
     # mean-ablating with the head's own output leaves the logits unchanged
     np.testing.assert_allclose(N.attn_only_forward(p, ids, ablate={(1, 1): outs[1][:, 1]}), logits, atol=1e-10)
+
+
+def test_forward_equals_pytorch_built_in_attention():
+    """The same model computed with torch.nn.functional.scaled_dot_product_attention (is_causal)
+    per layer: PyTorch's own attention, not the book's."""
+    p = _params()
+    pt = _torch(p)
+    ids = torch.tensor(g.integers(0, 7, (3, 9)))
+    X = pt["W_E"][ids]
+    for lay in pt["layers"]:
+        Xp = (X + pt["W_pos"][:9]).unsqueeze(1)
+        Z = torch.nn.functional.scaled_dot_product_attention(Xp @ lay["W_Q"], Xp @ lay["W_K"], X.unsqueeze(1) @ lay["W_V"],
+                                                             is_causal=True)
+        X = X + (Z @ lay["W_O"]).sum(1)
+    np.testing.assert_allclose(F.attn_only_forward(pt, ids).numpy(), (X @ pt["W_U"]).numpy(), atol=1e-10)
