@@ -8,6 +8,11 @@ the notebook. It writes the output myst-nb's ``glue(key, value, display=False)``
 display_data whose mime types carry myst-nb's prefix and whose metadata names the key), with
 IPython alone, so the stored outputs are the same whether or not myst-nb is installed (nbval
 compares them); outside IPython it does nothing.
+
+The stored ``text/plain`` is the string's Python repr (``'2,448'``, quotes included), as
+IPython writes it for any ``str``: myst-nb's ``{glue:text}`` role literal-evaluates that text
+to remove the quotes. Stored bare, ``2,448`` evaluated to the tuple ``(2, 448)``, ``0.10`` to
+``0.1`` and ``+0.056`` to ``0.056`` in the built book.
 """
 
 from __future__ import annotations
@@ -19,13 +24,6 @@ __all__ = ["glue"]
 
 _GLUE_PREFIX = "application/papermill.record/"  # myst_nb.ext.glue.GLUE_PREFIX
 _KEY = re.compile(r"^ch(\d\d|A)-[a-z0-9][a-z0-9-]*$")
-
-
-class _Text(str):
-    """A string whose ``repr`` is itself, so ``{glue:text}`` shows it without quotes."""
-
-    def __repr__(self) -> str:
-        return str(self)
 
 
 def glue(key: str, value: Any, fmt: str = "{}") -> None:
@@ -51,7 +49,7 @@ def glue(key: str, value: Any, fmt: str = "{}") -> None:
         return None
     if get_ipython() is None:
         return None
-    mimebundle, metadata = format_display_data(_Text(text))
+    mimebundle, metadata = format_display_data(text)
     metadata["scrapbook"] = {"name": key, "mime_prefix": _GLUE_PREFIX}
     display({_GLUE_PREFIX + k: v for k, v in mimebundle.items()}, raw=True, metadata=metadata)
     return None
