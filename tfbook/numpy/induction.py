@@ -99,9 +99,11 @@ def attn_only_forward(params, ids, ablate=None, return_attention=False, return_o
     """Logits ``(..., T, V)`` of the attention-only transformer on token ids ``(..., T)``.
 
     ``params``: ``W_E (V, D)``, ``W_pos (T_max, D)``, ``W_U (D, V)`` and ``layers``, a list of
-    dicts ``W_Q, W_K, W_V (H, D, D_K)``, ``W_O (H, D_K, D)``. The residual stream is
-    ``X = W_E[ids] + W_pos[:T]``; each layer adds ``sum_h softmax(mask(X W_Q^h (X W_K^h)^T / sqrt(D_K))) X W_V^h W_O^h``;
-    the logits are ``X W_U``. ``ablate`` maps ``(layer, head)`` to ``None`` (the head writes
+    dicts ``W_Q, W_K, W_V (H, D, D_K)``, ``W_O (H, D_K, D)``. The residual stream starts as
+    ``X = W_E[ids]``: positions never enter it. With ``X_p = X + W_pos[:T]``, each layer adds
+    ``sum_h softmax(mask(X_p W_Q^h (X_p W_K^h)^T / sqrt(D_K))) X W_V^h W_O^h``: positions in the
+    queries and keys only, the values read ``X``. The logits are ``X W_U``.
+    ``ablate`` maps ``(layer, head)`` to ``None`` (the head writes
     zeros) or an array broadcasting to ``(..., T, D)`` (the head writes that instead: its mean
     output for a mean ablation). With ``return_attention`` also returns ``[P per layer]``, each
     ``P (..., H, T, T)``; with ``return_outputs`` also ``[what each head writes, per layer]``,
