@@ -32,13 +32,15 @@ MISTAKES = {"21_induction_heads": {
         "every query": (_prefix(COUNT="len(ids)"), "only the queries whose token occurred before count"),
         "zero for no repeats": (_prefix(EMPTY="0.0"), "return nan"),
     },
-    "ex21-2-which-head-tests": {
-        "an induction head": (code("prediction_head = (1, 0)"), "is an induction head, but there are two"),
-        "the other layer-0 head": (code("prediction_head = (0, 0)"), "the one with the low previous-token score"),
+    "ex21-2-offset-tests": {
+        "the earlier copy itself": (code("prediction_offset = 29"), "attends to the earlier copy of the query's own token"),
+        "one before the copy": (code("prediction_offset = 30"), "comes after it"),
+        "a previous-token head": (code("prediction_offset = 1"), "previous-token head"),
     },
-    "ex21-3-half-prev-tests": {
-        "over all queries": (code("prediction_prev = 0.45"), "query 0 has no previous position"),
-        "pure previous-token": (code("prediction_prev = 1.0"), "this one splits its weight"),
+    "ex21-3-prev-prefix-tests": {
+        "never": (code("prediction_prefix = 0.0"), "the position before the query is also the position after the earlier copy"),
+        "over all queries": (code("prediction_prefix = 2 / 9"), "only the queries whose token occurred before"),
+        "a pure induction head": (code("prediction_prefix = 1.0"), "the queries 8 and 9 look elsewhere"),
     },
 }}
 

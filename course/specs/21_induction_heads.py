@@ -6,6 +6,6 @@ HIDDEN = {
         "A1": "another random pattern and sequence of the same kind",
         "A2": "a third random pattern and sequence of the same kind",
     },
-    "ex21-2-which-head-tests": {"B": "the predicted head is the layer-0 head with the higher previous-token score"},
-    "ex21-3-half-prev-tests": {"C": "the predicted score against the chapter's previous_token_score"},
+    "ex21-2-offset-tests": {"B": "the predicted offset against the distance between the two copies of the chapter's first sequence, less one"},
+    "ex21-3-prev-prefix-tests": {"C": "the predicted score against the chapter's prefix_matching_score of the pure previous-token pattern"},
 }
