@@ -111,6 +111,8 @@ PROFILE_B := ATEN_CPU_CAPABILITY=default OPENBLAS_CORETYPE=Sandybridge MKL_CBWR=
 	ONEDNN_MAX_CPU_ISA=SSE41 OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 MKL_NUM_THREADS=2
 # Both runs always happen; the target fails if either failed. The whole suite runs last, so
 # its summary is the last line printed.
+# --durations=25: the 25 slowest tests and notebook cells, printed above that summary (the
+# command must stay under 20 minutes; this says where the time goes).
 test: $(STAMP) chromium bwrap sevenzip
 	-$(MAKE) --no-print-directory book
 	-$(MAKE) --no-print-directory course-book
@@ -118,7 +120,7 @@ test: $(STAMP) chromium bwrap sevenzip
 	echo "== make test 1/2: every notebook under the second numerical profile: $(PROFILE_B)"; \
 	$(MAKE) --no-print-directory test-profile-b || status=1; \
 	echo "== make test 2/2: the whole test suite"; \
-	$(ONE_THREAD) PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -n 2 --dist loadfile $(NBVAL_FLAGS) tests notebooks || status=1; \
+	$(ONE_THREAD) PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -n 2 --dist loadfile --durations=25 $(NBVAL_FLAGS) tests notebooks || status=1; \
 	exit $$status
 
 # The notebooks alone under the second profile (one process with two threads).
