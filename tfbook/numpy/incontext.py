@@ -31,15 +31,20 @@ from ._common import _as_float
 __all__ = ["interleave", "least_squares", "averaging", "nearest_neighbours"]
 
 
+def _check_prompt_shapes(x_shape: tuple, y_shape: tuple) -> None:
+    """``X (..., K, d)`` and ``y (..., K)``, checked on their shapes (both twins call this)."""
+    if len(x_shape) < 2:
+        raise ValueError(f"X must be (..., K, d), got shape {x_shape}")
+    if y_shape != x_shape[:-1]:
+        raise ValueError(f"y must be (..., K) = {x_shape[:-1]} to match X {x_shape}, got y {y_shape}")
+    if x_shape[-1] < 1:
+        raise ValueError(f"X must have d >= 1 features, got shape {x_shape}")
+
+
 def _check_prompt(X, y) -> tuple:
     """``(X, y)`` as float arrays after checking ``X (..., K, d)`` and ``y (..., K)``."""
     X, y = _as_float(X, "X"), _as_float(y, "y")
-    if X.ndim < 2:
-        raise ValueError(f"X must be (..., K, d), got shape {X.shape}")
-    if y.shape != X.shape[:-1]:
-        raise ValueError(f"y must be (..., K) = {X.shape[:-1]} to match X {X.shape}, got y {y.shape}")
-    if X.shape[-1] < 1:
-        raise ValueError(f"X must have d >= 1 features, got shape {X.shape}")
+    _check_prompt_shapes(X.shape, y.shape)
     return X, y
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ... import _validate as _v
-from ...numpy.incontext import _check_ridge
+from ...numpy.incontext import _check_prompt_shapes, _check_ridge
 from ._common import _common_dtype, _float
 
 __all__ = ["interleave", "least_squares", "averaging", "nearest_neighbours"]
@@ -20,13 +20,7 @@ __all__ = ["interleave", "least_squares", "averaging", "nearest_neighbours"]
 
 def _check_prompt(X, y) -> tuple:
     X, y = _float(X, "X"), _float(y, "y")
-    if X.ndim < 2:
-        raise ValueError(f"X must be (..., K, d), got shape {tuple(X.shape)}")
-    if y.shape != X.shape[:-1]:
-        raise ValueError(f"y must be (..., K) = {tuple(X.shape[:-1])} to match X {tuple(X.shape)}, "
-                         f"got y {tuple(y.shape)}")
-    if X.shape[-1] < 1:
-        raise ValueError(f"X must have d >= 1 features, got shape {tuple(X.shape)}")
+    _check_prompt_shapes(tuple(X.shape), tuple(y.shape))
     dt = _common_dtype(X, y)
     return X.to(dt), y.to(dt)
 
