@@ -63,7 +63,7 @@ from ..torch.modern import LlamaLM, LlamaLMConfig
 from ..torch.training import History
 from ..torch.training import train as train_loop
 from . import modern, prose
-from ._common import (Splits, cli, load_blob, load_model, load_state, pick, save_model, shipped, train_lm,
+from ._common import (Splits, cli, load_blob, load_json, load_model, load_state, pick, save_model, shipped, train_lm,
                       write_json)
 
 __all__ = ["RECIPE", "KINDS", "SHAPE", "ARTIFACTS", "EXPERT", "data", "config", "train", "evaluate", "scores",
@@ -202,8 +202,7 @@ def load_scores(kind: str | None = None, folder=None) -> dict:
     """The shipped ``experts_{kind}.json`` (every kind's, keyed by kind, when ``kind`` is None)."""
     if kind is None:
         return {k: load_scores(k, folder) for k in KINDS}
-    with open(shipped(f"experts_{kind}.json", folder)) as f:
-        return json.load(f)
+    return load_json(f"experts_{kind}.json", folder)
 
 
 def grid(kind: str) -> list:
@@ -293,8 +292,7 @@ def _merge(out) -> None:
 
 def load_search(folder=None) -> dict:
     """The shipped ``experts_search.json``: every point of the search (seed 0, validation only)."""
-    with open(shipped("experts_search.json", folder)) as f:
-        return json.load(f)
+    return load_json("experts_search.json", folder)
 
 
 # ----------------------------------------------------------------------------- LoRA
@@ -400,8 +398,7 @@ def _merge_lora(out) -> None:
 
 def load_lora_scores(folder=None) -> dict:
     """The shipped ``experts_lora.json``."""
-    with open(shipped("experts_lora.json", folder)) as f:
-        return json.load(f)
+    return load_json("experts_lora.json", folder)
 
 
 def load_finetuned(mode: str = "lora", folder=None):

@@ -22,7 +22,6 @@ seed-0 runs (``lengths_<kind>.pt``, 10 to 19 kB each), which chapter 7 evaluates
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +34,7 @@ from torch.nn import functional as F
 from ..numpy.positions import sinusoidal_positional_encoding
 from ..torch.functional.positions import rope
 from ..torch.training import History
-from ._common import cli, load_model, save_model, shipped, write_json
+from ._common import cli, load_json, load_model, save_model, shipped, write_json
 
 __all__ = ["V", "D", "T_TRAIN", "T_TEST", "KINDS", "SEEDS", "RECIPE", "ARTIFACTS", "PrevToken",
            "PrevTokenConfig", "accuracy_by_position", "test_ids", "train", "rounded", "run", "load_pretrained",
@@ -151,8 +150,7 @@ def run(kinds=KINDS, seeds=SEEDS, models: dict | None = None) -> dict:
 
 def load_pretrained(folder=None) -> dict:
     """The shipped result of :func:`run`."""
-    path = shipped(ARTIFACTS[0], folder)
-    return json.loads(path.read_text())
+    return load_json(ARTIFACTS[0], folder)
 
 
 def load_seed0(kind: str, folder=None) -> PrevToken:
