@@ -140,3 +140,81 @@ def test_llama_blocks_take_the_same_path_bitwise(rope, dtype, monkeypatch):
     h = block.attn.register_forward_hook(lambda mod, args, out: None)
     assert not block._causal_applies()
     h.remove()
+
+
+# ---- issue 40: what the GPU profile showed, checked on the CPU -------------------------------
+# A profile of DecoderLM's training step on an H200 showed, beside nanoGPT's, an explicit mask
+# where is_causal=True would do and an elementwise kernel run on every call (a mask built per
+# forward). These tests record every attention call and every operator of a forward pass.
+
+def _record_forward(model, idx):
+    """(the keyword arguments of each scaled_dot_product_attention call, the aten ops run)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls, ops = [], []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(Q, K, V, *args, **kwargs):
+        calls.append(dict(kwargs, n_args=len(args), q_stride=Q.stride(), q_shape=tuple(Q.shape)))
+        return real(Q, K, V, *args, **kwargs)
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            ops.append((str(func.overloadpacket), out.dtype if isinstance(out, torch.Tensor) else None))
+            return out
+
+    torch.nn.functional.scaled_dot_product_attention = spy
+    try:
+        with Ops():
+            model(idx)
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = real
+    return calls, ops
+
+
+@pytest.mark.parametrize("kind", ["decoder", "llama"])
+def test_forward_tells_the_kernel_is_causal_and_builds_no_mask(kind):
+    """Each layer calls SDPA with is_causal=True, no attn_mask, heads with unit stride in D_h,
+    and the forward builds no boolean tensor at all (no (T, T) mask, no tril, per call).
+    Fails if DecoderLM.forward builds F.causal_mask unconditionally (as it did) or passes it."""
+    if kind == "decoder":
+        m = _model(dtype=torch.float32)
+    else:
+        from tfbook.torch.modern import LlamaLM, LlamaLMConfig
+        torch.manual_seed(0)
+        m = LlamaLM(LlamaLMConfig(vocab_size=11, block_size=16, d_model=24, num_heads=4, num_kv_heads=2,
+                                  num_layers=2, d_ff=40))
+    idx = torch.randint(0, 11, (2, 16), generator=torch.Generator().manual_seed(0))
+    calls, ops = _record_forward(m, idx)
+    assert len(calls) == 2, calls
+    for c in calls:
+        assert c["is_causal"] is True and c.get("attn_mask") is None and c["n_args"] == 0, c
+        assert c["q_stride"][-1] == 1, c  # (B, H, T, D_h) with unit stride in D_h
+    bool_ops = [name for name, dtype in ops if dtype == torch.bool]
+    assert not bool_ops, f"a boolean tensor (a mask) was built in the forward: {bool_ops}"
+    assert not [name for name, _ in ops if name in ("aten.tril", "aten.triu")]
+
+
+def test_forward_with_attention_still_masks():
+    """return_attention=True still builds the causal mask (P is formed): the lazy mask is only
+    skipped on the fused path; the two paths give the same logits."""
+    m = _model()
+    idx = torch.randint(0, 11, (2, 16), generator=torch.Generator().manual_seed(2))
+    logits, P = m(idx, return_attention=True)
+    assert torch.equal(P[0].triu(1), torch.zeros_like(P[0]))
+    torch.testing.assert_close(logits, m(idx), atol=1e-12, rtol=0)
+
+
+def test_causal_block_builds_the_mask_for_a_block_it_must_call():
+    """A block with a hook is called as a module: _causal_block(block, X) with no mask builds the
+    causal one, equal to passing it."""
+    m = _model()
+    block = m.blocks[0]
+    handle = block.register_forward_hook(lambda mod, args, out: None)
+    try:
+        assert not M._causal_block_applies(block)
+        X = torch.randn(2, 16, 24, dtype=torch.float64)
+        assert torch.equal(M._causal_block(block, X), block(X, mask=F.causal_mask(16)))
+    finally:
+        handle.remove()

@@ -382,8 +382,11 @@ def _causal_block_applies(block) -> bool:
             and type(block.ffn) is FeedForward and _no_hooks(block, block.attn, block.ffn))
 
 
-def _causal_block(block, X: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def _causal_block(block, X: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """``block(X, mask=mask)`` with ``mask`` the causal mask, for :class:`DecoderLM`'s path without ``P``.
+
+    ``mask=None`` means the causal mask of ``X``'s length: it is then built only for a block
+    that must be called as a module, so the fused path builds no ``(T, T)`` tensor per call.
 
     A block class that has its own fused causal path (``LlamaBlock._causal_forward``, in
     :mod:`tfbook.torch.modern`) computes itself that way when the method applies (it returns
@@ -402,7 +405,11 @@ def _causal_block(block, X: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     if not _causal_block_applies(block):
         fused = getattr(block, "_causal_forward", None)  # LlamaLM's blocks: the same change, their layout
         Y = fused(X) if fused is not None else None
-        return Y if Y is not None else block(X, mask=mask)
+        if Y is not None:
+            return Y
+        if mask is None:
+            mask = F.causal_mask(X.shape[-2], device=X.device)  # (T, T)
+        return block(X, mask=mask)
     attn, ffn = block.attn, block.ffn
     H, D = attn.num_heads, attn.d_model
 
@@ -480,14 +487,16 @@ class DecoderLM(nn.Module):
         if T > c.block_size:
             raise ValueError(f"idx has T={T} > block_size={c.block_size} (idx: {tuple(idx.shape)})")
         X = self._embed(idx, offset=0)
-        mask = F.causal_mask(T, device=idx.device)  # (T, T)
+        # the (T, T) causal mask only where P is asked for: the fused path tells the kernel
+        # is_causal=True and builds no mask per call (_causal_block builds one for a block it must call)
+        mask = F.causal_mask(T, device=idx.device) if return_attention else None  # (T, T)
         attn = []
         for block in self.blocks:
             if return_attention:
                 X, P = block(X, mask=mask, return_attention=True)
                 attn.append(P)  # (B, H, T, T)
             else:
-                X = _causal_block(block, X, mask)  # = block(X, mask=mask), fused attention told is_causal
+                X = _causal_block(block, X)  # = block(X, mask=causal), fused attention told is_causal
         logits = self._unembed(X)
         return (logits, attn) if return_attention else logits
 
