@@ -15,9 +15,10 @@ STAMP := $(VENV)/.installed
 
 # The pinned requirements need Python >= 3.11 (checked first, with a hint). PyTorch's build:
 # tools/torch_choice.py prints the pip arguments of a step run before the requirements, from
-# TORCH_VARIANT=default|auto|cpu|cuda (default: nothing printed, nothing detected, torch comes
-# from the requirements like any package; auto: the CPU build unless `nvidia-smi -L` lists a GPU).
-TORCH_VARIANT ?= default
+# TORCH_VARIANT=auto|default|cpu|cuda (auto, the default: the CPU build unless `nvidia-smi -L`
+# lists a GPU, falling back to default where PyTorch's CPU index cannot be reached, as on CI's
+# mirror-only network; default: nothing printed, nothing detected, torch from the requirements).
+TORCH_VARIANT ?= auto
 PY_FLOOR_CHECK := -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)'
 $(STAMP): requirements.txt pyproject.toml tools/torch_choice.py
 	@py="$(PYTHON)"; test -x $(BIN)/python && py=$(BIN)/python; \

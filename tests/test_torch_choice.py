@@ -34,7 +34,7 @@ def _pins(path: Path) -> dict[str, str]:
 @pytest.mark.parametrize("variant, gpu, system, expected", [
     ("default", None, "Linux", []),                      # CI and the project's machines: nothing changes
     ("default", True, "Linux", []),
-    ("auto", False, "Linux", ["--index-url", tc.CPU_INDEX, PIN]),   # no GPU: the CPU build
+    ("auto", False, "Linux", ["--index-url", tc.CPU_INDEX, PIN]),   # no GPU: the CPU build (index reachable)
     ("auto", True, "Linux", []),                         # a GPU: PyPI's wheel, the CUDA build
     ("auto", False, "Darwin", []),                       # PyPI's macOS wheel is the CPU build
     ("cpu", None, "Linux", ["--index-url", tc.CPU_INDEX, PIN]),
@@ -45,6 +45,22 @@ def test_decision(variant, gpu, system, expected):
     args, why = tc.choose(variant, gpu=gpu, system=system, torch_pin=PIN)
     assert args == expected, why
     assert why.startswith(f"TORCH_VARIANT={variant}")
+
+
+def test_auto_falls_back_to_default_where_the_cpu_index_is_unreachable():
+    """make venv's default is auto; on a machine that cannot reach PyTorch's index (CI's
+    mirror-only network) it must install from pip's configured index, not leave pip retrying."""
+    args, why = tc.choose("auto", gpu=False, system="Linux", torch_pin=PIN, reachable=False)
+    assert args == [] and "cannot be reached" in why
+    # an explicit cpu is what the user asked for: kept
+    assert tc.choose("cpu", gpu=None, system="Linux", torch_pin=PIN, reachable=False)[0][-1] == PIN
+
+
+def test_index_probe_can_be_answered_without_the_network(monkeypatch):
+    monkeypatch.setenv("TFBOOK_TORCH_INDEX_REACHABLE", "0")
+    assert tc.index_reachable() is False
+    monkeypatch.setenv("TFBOOK_TORCH_INDEX_REACHABLE", "1")
+    assert tc.index_reachable() is True
 
 
 def test_cuda_where_pypi_has_none_and_unknown_variants_are_refused():
@@ -68,20 +84,23 @@ def _fake_nvidia_smi(folder: Path, *, ok: bool, marker: Path) -> None:
     exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
 
 
-@pytest.mark.parametrize("variant, gpu_ok, expect_probe, expected", [
-    (None, True, False, ""),          # TORCH_VARIANT unset: no detection at all, nothing printed
-    ("default", False, False, ""),
-    ("auto", True, True, ""),
-    ("auto", False, True, f"--index-url {tc.CPU_INDEX} {PIN}"),
-    ("cpu", True, False, f"--index-url {tc.CPU_INDEX} {PIN}"),
+@pytest.mark.parametrize("variant, gpu_ok, reachable, expect_probe, expected", [
+    (None, True, "1", True, ""),      # TORCH_VARIANT unset: auto, a GPU: PyPI's wheel
+    (None, False, "1", True, f"--index-url {tc.CPU_INDEX} {PIN}"),   # unset, no GPU: the CPU build
+    (None, False, "0", True, ""),     # unset, no GPU, index unreachable: as default
+    ("default", False, "1", False, ""),
+    ("auto", True, "1", True, ""),
+    ("auto", False, "1", True, f"--index-url {tc.CPU_INDEX} {PIN}"),
+    ("cpu", True, "0", False, f"--index-url {tc.CPU_INDEX} {PIN}"),
 ])
-def test_command_line_detects_only_when_asked(tmp_path, variant, gpu_ok, expect_probe, expected):
+def test_command_line_detects_only_when_asked(tmp_path, variant, gpu_ok, reachable, expect_probe, expected):
     if sys.platform != "linux":
         pytest.skip("the CPU index route is Linux's")
     marker = tmp_path / "probed"
     _fake_nvidia_smi(tmp_path, ok=gpu_ok, marker=marker)
     env = {k: v for k, v in os.environ.items() if k != "TORCH_VARIANT"}
     env["PATH"] = f"{tmp_path}{os.pathsep}{env.get('PATH', '')}"
+    env["TFBOOK_TORCH_INDEX_REACHABLE"] = reachable
     if variant is not None:
         env["TORCH_VARIANT"] = variant
     out = subprocess.run([sys.executable, str(TOOL)], capture_output=True, text=True, env=env, timeout=60)
@@ -93,15 +112,15 @@ def test_command_line_detects_only_when_asked(tmp_path, variant, gpu_ok, expect_
 
 def test_makefile_venv_uses_the_choice_and_checks_the_floor():
     text = (ROOT / "Makefile").read_text()
-    assert re.search(r"^TORCH_VARIANT \?= default$", text, flags=re.M)
+    assert re.search(r"^TORCH_VARIANT \?= auto$", text, flags=re.M)
     dry = subprocess.run(["make", "-n", "-B", "venv"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert dry.returncode == 0, dry.stderr
     steps = dry.stdout
     choice = steps.index("tools/torch_choice.py")
     assert steps.index("sys.version_info >= (3, 11)") < steps.index("-m venv") < choice
     assert choice < steps.index("pip install --quiet -r requirements.txt")
-    assert "TORCH_VARIANT=default" in steps
-    assert "TORCH_VARIANT=auto" in subprocess.run(["make", "-n", "-B", "venv", "TORCH_VARIANT=auto"], cwd=ROOT,
+    assert "TORCH_VARIANT=auto" in steps
+    assert "TORCH_VARIANT=default" in subprocess.run(["make", "-n", "-B", "venv", "TORCH_VARIANT=default"], cwd=ROOT,
                                                   capture_output=True, text=True, timeout=60).stdout
 
 

@@ -1,17 +1,21 @@
 #!/usr/bin/env python3
 """Which PyTorch build to install: prints the pip arguments of a step run before the requirements.
 
-    python tools/torch_choice.py [VARIANT]        # VARIANT defaults to $TORCH_VARIANT, else "default"
+    python tools/torch_choice.py [VARIANT]        # VARIANT defaults to $TORCH_VARIANT, else "auto"
 
 Variants:
 
-* ``default`` (the default): print nothing, so pip installs ``torch`` from the requirements
+* ``auto`` (what ``make venv`` uses unless told otherwise): ``cuda`` if an NVIDIA GPU is
+  present (``nvidia-smi -L`` runs and lists one), else ``cpu``, as long as PyTorch's CPU index
+  answers: on Linux its host is first tried once (a TCP connection, 3 s at most), and where it
+  cannot be reached (an offline machine, a mirror-only network such as CI's) the choice falls
+  back to ``default`` and says so, instead of leaving pip to retry for minutes.
+  ``TFBOOK_TORCH_INDEX_REACHABLE=0/1`` answers that probe without the network (tests).
+* ``default``: print nothing, so pip installs ``torch`` from the requirements
   like any other package, from the package index pip is configured with. Nothing is detected
   and PyTorch's own wheel index is never contacted (the project's machines and CI cannot reach
   it, and pip would retry for minutes). On PyPI, Linux x86_64 gets the CUDA build (about
   2.7 GB with its NVIDIA packages); macOS and Windows get the CPU build.
-* ``auto``: ``cuda`` if an NVIDIA GPU is present (``nvidia-smi -L`` runs and lists one),
-  else ``cpu``.
 * ``cpu``: on Linux, PyTorch's CPU build from PyTorch's CPU wheel index
   (``--index-url https://download.pytorch.org/whl/cpu torch==<pinned version>``,
   no NVIDIA packages); on macOS and Windows PyPI's wheel already is the CPU build,
@@ -56,8 +60,27 @@ def has_nvidia_gpu() -> bool:
     return out.returncode == 0 and "GPU" in out.stdout
 
 
-def choose(variant: str, *, gpu: bool | None, system: str, torch_pin: str) -> tuple[list[str], str]:
-    """(pip arguments, reason). ``gpu`` is only consulted for ``auto`` (None: not detected)."""
+def index_reachable(timeout: float = 3.0) -> bool:
+    """Whether PyTorch's CPU index host takes a TCP connection (``TFBOOK_TORCH_INDEX_REACHABLE``
+    answers instead, where set to 0 or 1)."""
+    forced = os.environ.get("TFBOOK_TORCH_INDEX_REACHABLE", "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    import socket
+    from urllib.parse import urlsplit
+
+    try:
+        socket.create_connection((urlsplit(CPU_INDEX).hostname, 443), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
+
+
+def choose(variant: str, *, gpu: bool | None, system: str, torch_pin: str,
+           reachable: bool | None = True) -> tuple[list[str], str]:
+    """(pip arguments, reason). ``gpu`` is only consulted for ``auto`` (None: not detected);
+    ``reachable`` (whether PyTorch's CPU index answers) only for ``auto`` choosing the CPU
+    build on Linux: where it is False, ``auto`` falls back to ``default``."""
     if variant not in VARIANTS:
         raise ValueError(f"TORCH_VARIANT={variant!r} is not one of {VARIANTS}")
     if variant == "default":
@@ -70,6 +93,9 @@ def choose(variant: str, *, gpu: bool | None, system: str, torch_pin: str) -> tu
     else:
         how = f"TORCH_VARIANT={variant}"
     if variant == "cpu":
+        if system == "Linux" and how.startswith("TORCH_VARIANT=auto") and reachable is False:
+            return [], (f"{how}, but {CPU_INDEX} cannot be reached: torch comes from the requirements, "
+                        "from pip's configured index (as TORCH_VARIANT=default)")
         if system == "Linux":
             return ["--index-url", CPU_INDEX, torch_pin], f"{how}: the CPU build from {CPU_INDEX}"
         return [], f"{how}: PyPI's torch is the CPU build on {system}"
@@ -80,13 +106,14 @@ def choose(variant: str, *, gpu: bool | None, system: str, torch_pin: str) -> tu
 
 
 def main(argv: list[str]) -> int:
-    variant = (argv[0] if argv else os.environ.get("TORCH_VARIANT", "")).strip().lower() or "default"
+    variant = (argv[0] if argv else os.environ.get("TORCH_VARIANT", "")).strip().lower() or "auto"
     if variant not in VARIANTS:
         print(f"torch_choice: TORCH_VARIANT={variant!r} is not one of {', '.join(VARIANTS)}", file=sys.stderr)
         return 2
     gpu = has_nvidia_gpu() if variant == "auto" else None
+    reachable = index_reachable() if variant == "auto" and gpu is False and platform.system() == "Linux" else None
     try:
-        args, why = choose(variant, gpu=gpu, system=platform.system(), torch_pin=pinned_torch())
+        args, why = choose(variant, gpu=gpu, system=platform.system(), torch_pin=pinned_torch(), reachable=reachable)
     except ValueError as err:
         print(f"torch_choice: {err}", file=sys.stderr)
         return 2
