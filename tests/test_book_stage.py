@@ -134,3 +134,12 @@ def test_latex_chapters_numbered_as_on_the_site():
         "\\addtocounter{secnumdepth}{-10}",
         "\\chapter*{History}\\addcontentsline{toc}{chapter}{History}",
     ], lines
+
+
+def test_site_workflow_publishes_the_pdf():
+    """Issue 38: the published site carries the PDF. The pages workflow builds it (make pdf)
+    before the book, so make book copies it into the site and links it from every page."""
+    flow = (ROOT / ".github" / "workflows" / "pages.yml").read_text()
+    assert "run: make pdf" in flow and "run: make book" in flow
+    assert flow.index("run: make pdf") < flow.index("run: make book")
+    assert "tfbook.pdf" in (ROOT / "README.md").read_text()
