@@ -87,3 +87,82 @@ def test_mutation_validation():
         mutations.mutated_source("a", {"fails_if": "x", "before": "b", "extra": 1})
     assert mutations.mutated_source("a = 1\nb = a", {"fails_if": "x", "replace": [["a", "c"]], "before": "c = 2"}) \
         == "c = 2\nc = 1\nb = c"
+
+
+# ---- the classifier: what a mutation changes (issue 32) ---------------------------------
+# Each case: an earlier cell (the notebook's state), the checking cell, a mutation, and the
+# kind the classifier must give it. Value-only: the mutation overwrites what the cell only
+# checks, a result an earlier cell computed, or a field of a loaded record, or edits the
+# assertion itself; every other kind simulates a bug.
+SETUP = """import numpy as np, json, time, torch
+from tfbook import numpy as tnp
+from tfbook.tasks import lookups
+rng = np.random.default_rng(0)
+X = rng.normal(size=(4, 3))
+W_Q = rng.normal(size=(3, 3))
+rec = lookups.load_results()
+t0 = time.process_time()
+seconds = time.process_time() - t0
+Z = tnp.softmax(X @ W_Q)
+def train(steps, seed=0):
+    return steps * 2
+hits = train(10)
+"""
+CHECK = """P = tnp.softmax(X @ W_Q / np.sqrt(3))
+err = np.abs(P.sum(-1) - 1).max()
+assert err < 1e-12, err
+assert seconds < 1.5
+assert rec['four']['1'] > 0.9
+assert hits == 20
+print(f"✔ rows sum to one ({err:.1e})")
+"""
+CASES = [
+    # code: a line of the computation changed, or a function redefined
+    ({"replace": [["/ np.sqrt(3)", ""]]}, "code"),
+    ({"before": "def train(steps, seed=0):\n    return steps"}, "code"),
+    # library: a module's function replaced
+    ({"before": "_s = tnp.softmax\ntnp.softmax = lambda S, axis=-1: _s(S * 2, axis)"}, "library"),
+    # weights: a weight matrix or a parameter tensor
+    ({"before": "W_Q = W_Q.copy(); W_Q[0, 0] += 1e-6"}, "weights"),
+    ({"before": "m = torch.nn.Linear(2, 2)\nwith torch.no_grad():\n    m.weight[0, 0] += 1.0"}, "weights"),
+    # inputs: the data fed to the computation
+    ({"before": "X = X + 1e-3"}, "inputs"),
+    ({"replace": [["P = tnp.softmax(X @ W_Q / np.sqrt(3))", "P = tnp.softmax(X[::-1] @ W_Q / np.sqrt(3))"]]}, "code"),
+    # seed
+    ({"before": "hits = train(10, seed=1)"}, "seed"),
+    # value-only: the measured value overwritten, a loaded record edited, the assertion edited,
+    # a result computed earlier overwritten
+    ({"before": "seconds = 2.0"}, "value"),
+    ({"before": "rec['four']['1'] = 0.5"}, "value"),
+    ({"before": "rec = lookups.load_results(); rec['four']['1'] = 0.5"}, "value"),
+    ({"replace": [["err < 1e-12", "err < 0"]]}, "value"),
+    ({"before": "hits = 21"}, "value"),
+    ({"before": "Z = Z + 1e-6"}, "value"),
+    ({"replace": [["err = np.abs(P.sum(-1) - 1).max()", "err = np.abs(P.sum(-1) - 1).max()\nerr = 1.0"]]}, "value"),
+    # a declared kind cannot hide a value-only mutation
+    ({"before": "seconds = 2.0", "kind": "code"}, "value"),
+]
+
+
+@pytest.mark.parametrize("mutation, kind", CASES, ids=[f"{k}-{i}" for i, (_, k) in enumerate(CASES)])
+def test_the_classifier_names_what_a_mutation_changes(mutation, kind):
+    ctx = mutations.NotebookContext([SETUP, CHECK])
+    got = mutations.classify_mutation(CHECK, dict(mutation, fails_if="x"), ctx, 1)
+    assert got["kind"] == kind, got
+
+
+def test_classify_mode_counts_record_guards_and_fails_outside_them(tmp_path, capsys):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(SETUP), nbformat.v4.new_code_cell(CHECK)]
+    nb.cells[1].metadata["tfbook"] = {"mutations": [
+        {"fails_if": "the scale is left out", "replace": [["/ np.sqrt(3)", ""]]},
+        {"fails_if": "the record says 0.5", "before": "rec['four']['1'] = 0.5"}]}
+    path = tmp_path / "99_toy.ipynb"
+    nbformat.write(nb, str(path))
+    assert mutations.main(["--classify", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "| 99 | 1 | 2 | 1 | 1 | 0 | 1 |" in out and "edits rec, a loaded record" in out
+    nb.cells[1].metadata["tfbook"]["record"] = "the shipped sweep cannot be rerun on the page"
+    nbformat.write(nb, str(path))
+    assert mutations.main(["--classify", str(path)]) == 0
+    assert "| 99 | 1 | 2 | 1 | 1 | 1 | 0 |" in capsys.readouterr().out
