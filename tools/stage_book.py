@@ -171,6 +171,7 @@ def course_config(path: Path) -> None:
 
 
 FAILS_IF_PROMPT = "Fails if"
+RECORD_PROMPT = "Guards a shipped record"
 
 
 def add_fails_if(nb):
@@ -187,8 +188,14 @@ def add_fails_if(nb):
         if cell.cell_type != "code" or not mutations:
             continue
         items = "\n".join(f"- {m['fails_if'].strip()}" for m in mutations)
+        record = (cell.get("metadata", {}).get("tfbook", {}) or {}).get("record")
+        prompt, lead = FAILS_IF_PROMPT, ""
+        if record:  # a guard of a shipped record, not a check of a claim (tools/mutations.py --classify)
+            prompt = RECORD_PROMPT
+            lead = (f"This cell guards a shipped record; it does not check a claim on the page: "
+                    f"{record.strip()}\n\nIt fails if\n\n")
         note = nbformat.v4.new_markdown_cell(
-            f":::{{dropdown}} {FAILS_IF_PROMPT}\n:class-container: fails-if\n\n{items}\n:::")
+            f":::{{dropdown}} {prompt}\n:class-container: fails-if\n\n{lead}{items}\n:::")
         note.id = f"{cell.get('id', 'cell')}-fails-if"[:64]
         cells.append(note)
     nb.cells = cells
