@@ -155,10 +155,11 @@ bwrap:
 	command -v bwrap >/dev/null || { $(SUDO) apt-get update -qq && $(APT_INSTALL) bubblewrap; }
 
 # 7-Zip's PPMd, the strongest classical baseline of chapter 13 (tfbook.ngram.compressed_bits):
-# Debian's 7zip package, whose program is 7zz
+# Debian's 7zip package, whose program is 7zz, and zpaq (chapter 13's context-mixing baseline)
 .PHONY: sevenzip
 sevenzip:
 	command -v 7zz >/dev/null || { $(SUDO) apt-get update -qq && $(APT_INSTALL) 7zip; }
+	command -v zpaq >/dev/null || { $(SUDO) apt-get update -qq && $(APT_INSTALL) zpaq; }
 
 release: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m tfbook.course release
