@@ -135,6 +135,29 @@ def test_mla_scores_depend_on_positions_only_through_offsets():
     assert np.abs(a - c).max() > 1e-3
 
 
+@pytest.mark.parametrize("absorb", [False, True])
+@pytest.mark.parametrize("B", [3, 4])  # B = H = 4 once: a rotation along the heads axis would not raise there
+def test_mla_per_sequence_positions_equal_per_sequence_calls(B, absorb):
+    """Positions of shape (B, T) give each sequence its own offsets: the batched call equals B calls."""
+    g = np.random.default_rng(6)
+    X, p = g.standard_normal((B, 6, 32)), mla_params(g, D_cq=12)
+    pos = np.arange(6.0) * (1 + np.arange(B)[:, None]) + 5.0 * np.arange(B)[:, None]  # (B, T): own start and stride
+    mask = np.tril(np.ones((6, 6), dtype=bool))
+    for backend, conv in ((tnp, lambda x: x), (TF, _t)):
+        Z, P = _np(backend.mla_attention(conv(X), conv(p), 4, mask=conv(mask), positions=conv(pos), absorb=absorb))
+        C, K_R = _np(backend.mla_cache(conv(X), conv(p), positions=conv(pos)))
+        for b in range(B):
+            Zb, Pb = _np(backend.mla_attention(conv(X[b]), conv(p), 4, mask=conv(mask), positions=conv(pos[b]),
+                                               absorb=absorb))
+            np.testing.assert_allclose(Z[b], Zb, atol=ATOL, rtol=0)
+            np.testing.assert_allclose(P[b], Pb, atol=ATOL, rtol=0)
+            Cb, K_Rb = _np(backend.mla_cache(conv(X[b]), conv(p), positions=conv(pos[b])))
+            np.testing.assert_allclose(K_R[b], K_Rb, atol=ATOL, rtol=0)
+        # the positions matter: sequence 1 with sequence 0's strides attends differently
+        P0 = _np(backend.mla_attention(conv(X[1]), conv(p), 4, mask=conv(mask), positions=conv(pos[0]))[1])
+        assert np.abs(P0 - P[1]).max() > 1e-3
+
+
 @pytest.mark.parametrize("q_lora_rank", [None, 12])
 def test_mla_equals_hugging_face_deepseek_v3_attention(q_lora_rank):
     transformers = pytest.importorskip("transformers", reason="transformers is not installed (peer check only)")

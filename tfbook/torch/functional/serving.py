@@ -129,7 +129,7 @@ def mla_attention(X, params, num_heads, mask=None, positions=None, absorb=False,
         Qfull = rms_norm(X @ params["W_DQ"], params["gamma_Q"], eps) @ params["W_UQ"]
     Qfull = split_heads(Qfull, H)  # (..., H, T, D_nope + D_R)
     Q_nope = Qfull[..., :D_nope]
-    Q_R = rope_rotate(Qfull[..., D_nope:], omega, pos, layout)
+    Q_R = rope_rotate(Qfull[..., D_nope:], omega, pos[..., None, :], layout)  # positions (..., 1, T): past the heads axis
     K_R = K_R[..., None, :, :]  # (..., 1, T, D_R)
     if not absorb:
         K_nope = split_heads(C @ params["W_UK"], H)
