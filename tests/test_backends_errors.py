@@ -56,6 +56,9 @@ CASES += [
     ("additive_attention", (r(5, 3), r(6, 2), r(6, 4), r(4, 8), r(2, 8), r(8)), {}, r"W_q.*\(3, \?\).*\(4, 8\)"),
     ("additive_attention", (r(5, 3), r(6, 2), r(6, 4), r(3, 8), r(2, 8), r(7)), {}, r"v .*\(8,\).*\(7,\)"),
     ("additive_attention", (r(5, 3), r(6, 2), r(7, 4), r(3, 8), r(2, 8), r(8)), {}, r"T_k=6.*T_k=7"),
+    ("scaled_dot_product_attention", (r(2, 5, 4), r(2, 0, 4), r(2, 0, 8)), {}, r"T_k=0.*\(2, 0, 4\)"),
+    ("scaled_dot_product_attention", (r(2, 5, 0), r(2, 7, 0), r(2, 7, 8)), {}, r"D_K=0.*\(2, 5, 0\)"),
+    ("softmax", (r(3, 0),), {}, r"no entries along axis=-1.*\(3, 0\)"),
     ("causal_mask", (0,), {}, r"T must be an integer >= 1, got 0"),
     ("padding_mask", (np.array([3, 9]), 5), {}, r"lengths must lie in \[0, T=5\].*\(2,\)"),
     ("padding_mask", (np.array([[3]]), 5), {}, r"lengths .*\(1, 1\)"),
@@ -148,3 +151,32 @@ def test_relu_promotes_integers_and_booleans_in_numpy():
     assert tnp.relu(np.array([-1, 2])).tolist() == [0.0, 2.0]
     with pytest.raises(ValueError, match=r"x must be floating point"):
         TF.relu(torch.tensor([-1, 2]))
+
+
+def test_mixed_dtypes_and_integers_the_documented_way():
+    """Issue 38: the twins' contract on dtypes (book/api.md, "dtypes are preserved"): NumPy
+    promotes as NumPy does; PyTorch refuses with a ValueError naming each dtype (it raised a bare
+    RuntimeError from the product before)."""
+    Q, K, V = r(2, 3), r(4, 3), r(4, 5)
+    Z, _ = tnp.scaled_dot_product_attention(Q.astype(np.float32), K, V)
+    assert Z.dtype == np.float64
+    assert tnp.scaled_dot_product_attention(Q.round().astype(int), K, V)[0].dtype == np.float64
+    with pytest.raises(ValueError, match=r"Q, K, V must share one dtype, got Q: torch.float32 \(2, 3\), "
+                                         r"K: torch.float64 \(4, 3\)"):
+        TF.scaled_dot_product_attention(torch.tensor(Q, dtype=torch.float32), torch.tensor(K), torch.tensor(V))
+    with pytest.raises(ValueError, match=r"Q must be floating point, got dtype torch.int64"):
+        TF.scaled_dot_product_attention(torch.ones(2, 3, dtype=torch.long), torch.tensor(K), torch.tensor(V))
+
+
+def test_nan_propagates_in_both_twins_and_check_finite_finds_it():
+    """The documented choice: NaN is not checked per call; it reaches the outputs it touches."""
+    from tfbook.checks import check_finite
+
+    Q, K, V = r(2, 3), r(4, 3), r(4, 5)
+    Q[0, 0] = np.nan
+    Zn, _ = tnp.scaled_dot_product_attention(Q, K, V)
+    Zt, _ = TF.scaled_dot_product_attention(torch.tensor(Q), torch.tensor(K), torch.tensor(V))
+    assert np.isnan(Zn[0]).all() and np.isfinite(Zn[1]).all()
+    assert torch.isnan(Zt[0]).all() and torch.isfinite(Zt[1]).all()
+    with pytest.raises(AssertionError):
+        check_finite(Zn, "Z")

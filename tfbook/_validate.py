@@ -121,6 +121,10 @@ def check_qkv(Q, K, V) -> tuple:
         raise ValueError(f"Q has D_K={sq[-1]} but K has D_K={sk[-1]} (Q: {sq}, K: {sk})")
     if sk[-2] != sv[-2]:
         raise ValueError(f"K has T_k={sk[-2]} but V has T_k={sv[-2]} (K: {sk}, V: {sv})")
+    if sk[-2] == 0:
+        raise ValueError(f"K has T_k=0: attention needs at least one key (K: {sk}, V: {sv})")
+    if sq[-1] == 0:
+        raise ValueError(f"Q and K have D_K=0: the scores need a width of at least 1 (Q: {sq}, K: {sk})")
     return broadcast_batch({"Q": sq[:-2], "K": sk[:-2], "V": sv[:-2]})
 
 

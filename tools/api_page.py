@@ -571,7 +571,19 @@ def intro() -> list[str]:
         "NaN. `nn.MultiheadAttention` and the `nn.Transformer*Layer` classes use the opposite "
         "convention (`True` = blocked).",
         "- **dtypes are preserved**: float32 in, float32 out; float64 in, float64 out. The tests "
-        "compare in float64.",
+        "compare in float64. Where the twins differ, they differ as their libraries do, and say so: "
+        "the NumPy twin promotes as NumPy does (integer and boolean input becomes float64; "
+        "float32 with float64 gives float64), the PyTorch twin refuses both with a `ValueError` "
+        "naming the argument and its dtype (a silent cast would copy tensors on the device).",
+        "- **Attention returns `(Z, P)`** in both twins: the outputs `Z (..., T_q, D_V)` and the "
+        "weights `P (..., T_q, T_k)`, so that a chapter can look at what it attended to; take "
+        "`Z, _ = ...` where only the outputs matter. (PyTorch's fused kernel, "
+        "`F.scaled_dot_product_attention`, returns `Z` alone and never forms `P`.)",
+        "- **Empty input is refused**: no keys (`T_k = 0`), a zero width (`D_K = 0`) or a "
+        "softmax over an empty axis raise a `ValueError` in both twins, not a reduction error.",
+        "- **NaN is not checked**: a NaN in the input propagates to the outputs it touches, in "
+        "both twins, as in NumPy and PyTorch (checking every call would cost a pass over the "
+        "data); `tfbook.checks.check_finite(x, name)` says where one appeared.",
         "- **Bad input raises `ValueError`** with a message that names the argument and shows "
         "the shapes, never a broadcasting error from deep inside; for instance, keys narrower "
         f"than the queries give {code(_error_example())}.",

@@ -54,6 +54,8 @@ def softmax(x, axis=-1):
         raise ValueError(f"x must have at least 1 axis, got shape {x.shape}")
     if not -x.ndim <= axis < x.ndim:
         raise ValueError(f"axis={axis} is out of range for x of shape {x.shape}")
+    if x.shape[axis] == 0:
+        raise ValueError(f"x has no entries along axis={axis} to normalise (x: {x.shape})")
     m = np.max(x, axis=axis, keepdims=True)
     m[~np.isfinite(m)] = 0  # an all -inf row: shift by 0, exp gives zeros
     e = np.exp(x - m)

@@ -30,6 +30,16 @@ __all__ = [
 # ---------------------------------------------------------------------------
 
 
+def _one_dtype(**tensors):
+    """A ValueError naming each tensor's dtype and shape unless they share one dtype (the NumPy
+    twin promotes, as NumPy does; PyTorch's products would raise a bare RuntimeError)."""
+    dtypes = {t.dtype for t in tensors.values()}
+    if len(dtypes) > 1:
+        what = ", ".join(f"{n}: {t.dtype} {tuple(t.shape)}" for n, t in tensors.items())
+        raise ValueError(f"{', '.join(tensors)} must share one dtype, got {what}; convert them first "
+                         "(e.g. .double() or .float())")
+
+
 def softmax(x, axis=-1):
     """Softmax along ``axis``, stable for any finite logits; an all ``-inf`` row gives zeros.
 
@@ -48,6 +58,8 @@ def softmax(x, axis=-1):
         raise ValueError(f"x must have at least 1 axis, got shape {tuple(x.shape)}")
     if not -x.ndim <= axis < x.ndim:
         raise ValueError(f"axis={axis} is out of range for x of shape {tuple(x.shape)}")
+    if x.shape[axis] == 0:
+        raise ValueError(f"x has no entries along axis={axis} to normalise (x: {tuple(x.shape)})")
     y = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
     m = y.detach().amax(dim=axis, keepdim=True)  # the shift cancels, so no gradient through it
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
@@ -77,6 +89,7 @@ def scaled_dot_product_attention(Q, K, V, mask=None, scale=None):
     """
     Q, K, V = _float(Q, "Q"), _float(K, "K"), _float(V, "V")
     batch = _v.check_qkv(Q, K, V)
+    _one_dtype(Q=Q, K=K, V=V)
     T_q, D_K = Q.shape[-2:]
     if mask is not None:
         _tensor(mask, "mask")
