@@ -6,6 +6,9 @@
   attending only to itself (:func:`tfbook.torch.functional.assistant.document_mask`) and
   counting positions from zero (:func:`~tfbook.torch.functional.assistant.document_positions`);
 * :func:`answer_loss`: the mean loss on the answer tokens only;
+* :func:`answer_scores`: per conversation, whether greedy decoding writes exactly its answer
+  (every answer token, and the end of turn, the argmax given the reference prefix) and the
+  log-probability of sampling it, from one teacher-forced pass;
 * :func:`complete`: greedy or sampled answers to a batch of prompts, stopped at end of turn;
 * :func:`freeze_rows`: keep chosen embedding rows fixed while the others train (the old
   vocabulary under LoRA, which trains only the new rows and the adapters).
@@ -21,7 +24,7 @@ from .functional import assistant as FA
 from .functional.positions import embedding_lookup
 from .models import DecoderLM, DecoderLMConfig
 
-__all__ = ["extend_vocab", "packed_logits", "answer_loss", "complete", "freeze_rows"]
+__all__ = ["extend_vocab", "packed_logits", "answer_loss", "answer_scores", "complete", "freeze_rows"]
 
 
 def extend_vocab(model: DecoderLM, n_new: int) -> DecoderLM:
@@ -69,6 +72,34 @@ def answer_loss(model: DecoderLM, ids: torch.Tensor, doc: torch.Tensor, assistan
     """Mean cross-entropy (nats) on the answer tokens of packed rows (the loss of chapter 24)."""
     y = FA.answer_targets(ids, doc, assistant_id, end_id)
     return FA.masked_mean_nll(packed_logits(model, ids, doc), y)
+
+
+@torch.no_grad()
+def answer_scores(model: DecoderLM, ids: torch.Tensor, doc: torch.Tensor, assistant_id: int, end_id: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(exact, logprob)``, one entry per conversation in row-major order (row by row, then by
+    ``doc`` within a row): ``exact`` is True when, at every answer position, the reference
+    token (the answer's characters, then ``end_id``) is the argmax of the logits, which is
+    exactly when greedy decoding from the prompt writes the reference answer and stops (each
+    greedy step then sees the reference prefix); ``logprob`` is the sum of the reference
+    tokens' log-probabilities, ``ln`` of the probability that sampling at temperature 1 writes
+    exactly the answer and stops. Computed in the model's dtype."""
+    y = FA.answer_targets(ids, doc, assistant_id, end_id)  # (B, T)
+    logits = packed_logits(model, ids, doc)
+    logp = torch.log_softmax(logits, dim=-1)
+    scored = y != -100
+    tgt = y.clamp(min=0)
+    hit = (logits.argmax(dim=-1) == tgt) | ~scored  # (B, T)
+    lp = torch.where(scored, logp.gather(-1, tgt[..., None])[..., 0], torch.zeros_like(logp[..., 0]))
+    exact, total = [], []
+    for b in range(ids.shape[0]):
+        for d in range(int(doc[b].max()) + 1):
+            sel = doc[b] == d
+            if not bool(scored[b][sel].any()):
+                raise ValueError(f"conversation {d} of row {b} has no answer token (ids: {tuple(ids.shape)})")
+            exact.append(bool(hit[b][sel].all()))
+            total.append(lp[b][sel].sum())
+    return torch.tensor(exact), torch.stack(total)
 
 
 @torch.no_grad()
