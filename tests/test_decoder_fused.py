@@ -218,3 +218,27 @@ def test_causal_block_builds_the_mask_for_a_block_it_must_call():
         assert torch.equal(M._causal_block(block, X), block(X, mask=F.causal_mask(16)))
     finally:
         handle.remove()
+
+
+def test_cpu_kernel_refusal_falls_back_to_the_math_kernel(monkeypatch):
+    """Issue 38: PyTorch's fused bf16 CPU attention raises "pack_vnni2 is only supported when
+    avx512 is supported" where the kernels are forced to the portable level on an AVX-512 BF16
+    CPU. The fused path then uses PyTorch's math kernel: same logits, no failed cell. Any other
+    error still raises."""
+    m = _model(dtype=torch.float32)
+    idx = torch.randint(0, 11, (2, 16), generator=torch.Generator().manual_seed(3))
+    ref = m(idx)
+    real = torch.nn.functional.scaled_dot_product_attention
+    from torch.nn.attention import SDPBackend, _cur_sdpa_kernel_backends
+
+    def refusing(*args, **kwargs):
+        if SDPBackend.MATH not in _cur_sdpa_kernel_backends() or len(_cur_sdpa_kernel_backends()) > 1:
+            raise RuntimeError("pack_vnni2 is only supported when avx512 is supported")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", refusing)
+    torch.testing.assert_close(m(idx), ref, atol=1e-6, rtol=0)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: (_ for _ in ()).throw(RuntimeError("out of memory")))
+    with pytest.raises(RuntimeError, match="out of memory"):
+        m(idx)

@@ -382,6 +382,26 @@ def _causal_block_applies(block) -> bool:
             and type(block.ffn) is FeedForward and _no_hooks(block, block.attn, block.ffn))
 
 
+#: what PyTorch's fused CPU attention says where its bf16 kernel cannot run on this CPU (the
+#: kernels forced to the portable level, ATEN_CPU_CAPABILITY=default, on a CPU with AVX-512 BF16)
+_CPU_KERNEL_REFUSALS = ("pack_vnni2", "avx512")
+
+
+def _sdpa_causal(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, **kwargs) -> torch.Tensor:
+    """``scaled_dot_product_attention(Q, K, V, is_causal=True, **kwargs)``, falling back to
+    PyTorch's math kernel (the same function, written as its equation) where the fused CPU kernel
+    refuses the CPU it runs on, so that no reader's machine sees a cell fail for its processor."""
+    try:
+        return nn.functional.scaled_dot_product_attention(Q, K, V, is_causal=True, **kwargs)
+    except RuntimeError as err:
+        if Q.device.type != "cpu" or not any(s in str(err) for s in _CPU_KERNEL_REFUSALS):
+            raise
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):
+        return nn.functional.scaled_dot_product_attention(Q, K, V, is_causal=True, **kwargs)
+
+
 def _causal_block(block, X: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
     """``block(X, mask=mask)`` with ``mask`` the causal mask, for :class:`DecoderLM`'s path without ``P``.
 
@@ -419,7 +439,7 @@ def _causal_block(block, X: torch.Tensor, mask: torch.Tensor | None = None) -> t
         b = torch.cat([attn.b_Q, attn.b_K, attn.b_V]) if attn.bias else None
         Q, K, V = (Z.reshape(*lead, T, H, D // H).transpose(-2, -3)  # (B, H, T, D_h), views
                    for Z in _affine(Y, W, b).split(D, dim=-1))
-        Z = nn.functional.scaled_dot_product_attention(Q, K, V, is_causal=True)  # (B, H, T, D_h)
+        Z = _sdpa_causal(Q, K, V)  # (B, H, T, D_h), fused kernel told is_causal
         return _affine(Z.transpose(-2, -3).reshape(*lead, T, D), attn.W_O, attn.b_O)  # (B, T, D)
 
     def mlp(Y):

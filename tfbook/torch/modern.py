@@ -29,7 +29,7 @@ from torch.nn import functional as TNF
 from .. import _validate as V
 from .functional import modern as FM
 from . import functional as F
-from .models import DecoderLM, _no_hooks
+from .models import DecoderLM, _no_hooks, _sdpa_causal
 from .modules import KVCache
 
 __all__ = [
@@ -267,7 +267,7 @@ class LlamaBlock(nn.Module):
         K = F.split_heads(Y @ attn.W_K, attn.num_kv_heads)  # (B, H_kv, T, D_K)
         Vh = F.split_heads(Y @ attn.W_V, attn.num_kv_heads)  # (B, H_kv, T, D_K)
         Q, K = attn._rotate(Q, 0), attn._rotate(K, 0)
-        Z = TNF.scaled_dot_product_attention(Q, K, Vh, is_causal=True, enable_gqa=True)
+        Z = _sdpa_causal(Q, K, Vh, enable_gqa=True)
         X = X + F.merge_heads(Z) @ attn.W_O
         return X + self.mlp(self.norm_mlp(X))
 
