@@ -260,3 +260,26 @@ def test_run_torchrun_rejects_bad_arguments():
     cmd = parallel.torchrun_command(["ddp", "tp"], "/tmp/x", CFG, nproc=2)
     assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     assert cmd[cmd.index("--schemes") + 1] == "ddp,tp"
+
+
+def test_run_engines_gives_torchrun_results_and_runs_this_process_code(engines, monkeypatch):
+    """The launcher the chapter's mutations rerun a scheme with: same results as torchrun; with fork,
+    a function redefined in tfbook.parallel is the one the workers run (the ring scheme: 0.2 s)."""
+    mine = parallel.run_engines(["ring"], CFG, world_size=2, timeout=120)
+    for r, t in zip(mine, engines):
+        assert r["rank"] == t["rank"] and r["ring"]["rows"] == t["ring"]["rows"]
+        torch.testing.assert_close(r["ring"]["Z"], t["ring"]["Z"], atol=1e-12, rtol=0)
+    if parallel.default_start_method() == "fork":
+        monkeypatch.setattr(parallel, "ring_attention", lambda q, k, v, rank, world, causal=True, chunks=4:
+                            (torch.zeros_like(q), -1))
+        assert all(r["ring"]["rows_held"] == -1 for r in parallel.run_engines(["ring"], CFG, 2, timeout=120))
+    with pytest.raises(ValueError, match="schemes"):
+        parallel.run_engines(["pipeline"])
+
+
+def test_ddp_buckets_follow_the_documented_rule_on_the_order_they_were_filled(engines):
+    cap = int(0.01 * 2**20)  # _ddp_scheme's bucket_cap_mb=0.01, in bytes
+    for r in engines:
+        buckets = r["ddp"]["buckets"]
+        arrival = [8 * n for b in buckets for n in b["sizes"]]  # float64 gradients, in bucketing order
+        assert [len(b) for b in parallel.ddp_buckets(arrival[::-1], cap)] == [b["tensors"] for b in buckets]

@@ -58,6 +58,7 @@ __all__ = [
     "default_start_method",
     "SCHEMES",
     "run_torchrun",
+    "run_engines",
     "torchrun_command",
     "single_process_adamw",
     "ring_attention",
@@ -310,8 +311,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(worker, cfg: DPConfig, world_size: int, timeout: float, start_method: str | None) -> list[dict]:
-    """Start ``world_size`` processes running ``worker``; wait at most ``timeout`` s; return their results."""
+def _launch(worker, cfg: DPConfig, world_size: int, timeout: float, start_method: str | None,
+            extra_args: tuple = ()) -> list[dict]:
+    """Start ``world_size`` processes running ``worker``; wait at most ``timeout`` s; return their results.
+
+    Each worker is called as ``worker(rank, world_size, port, cfg_dict, out_dir, timeout, *extra_args)``.
+    """
     import torch.multiprocessing as mp
 
     if not isinstance(cfg, DPConfig):
@@ -325,7 +330,7 @@ def _launch(worker, cfg: DPConfig, world_size: int, timeout: float, start_method
     if start_method not in ("spawn", "fork"):
         raise ValueError(f"start_method must be 'spawn' or 'fork', got {start_method!r}")
     with tempfile.TemporaryDirectory(prefix="tfbook-dp-") as out_dir:
-        ctx = mp.start_processes(worker, args=(world_size, _free_port(), asdict(cfg), out_dir, timeout),
+        ctx = mp.start_processes(worker, args=(world_size, _free_port(), asdict(cfg), out_dir, timeout) + tuple(extra_args),
                                  nprocs=world_size, join=False, start_method=start_method)
         deadline = time.monotonic() + timeout
         try:
@@ -340,7 +345,7 @@ def _launch(worker, cfg: DPConfig, world_size: int, timeout: float, start_method
                 if p.is_alive():  # pragma: no cover - a worker that ignores SIGTERM
                     p.kill()
                     p.join(5)
-        results = [torch.load(Path(out_dir) / f"rank{r}.pt") for r in range(world_size)]
+        results = [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False) for r in range(world_size)]
         for r in results:
             r["start_method"] = start_method
         return results
@@ -495,6 +500,11 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """The whole of ``t``: a DTensor gathered from every rank, else ``t`` itself."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
 def _optimizer_state_bytes(opt) -> int:
     return _tensor_bytes(_local(v) for st in opt.state.values() for v in st.values())
 
@@ -511,7 +521,8 @@ def _ddp_scheme(cfg: DPConfig, rank: int, world: int, device) -> dict:
     clock, calls = {}, []
 
     def hook(state, bucket):  # DDP calls this when a bucket's gradients are all computed
-        calls.append({"t": time.perf_counter(), "numel": bucket.buffer().numel(), "tensors": len(bucket.gradients())})
+        calls.append({"t": time.perf_counter(), "numel": bucket.buffer().numel(), "tensors": len(bucket.gradients()),
+                      "sizes": [g.numel() for g in bucket.gradients()]})
         return default_hooks.allreduce_hook(None, bucket)  # divide by world size, all-reduce (async)
 
     ddp.register_comm_hook(None, hook)
@@ -527,7 +538,7 @@ def _ddp_scheme(cfg: DPConfig, rank: int, world: int, device) -> dict:
         if grads is None:
             grads = {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters()}
         if step == 1:  # after the first step DDP rebuilds its buckets in the order gradients became ready
-            buckets = [{k: c[k] for k in ("numel", "tensors")} for c in calls]
+            buckets = [{k: c[k] for k in ("numel", "tensors", "sizes")} for c in calls]
             overlap = calls[0]["t"] < clock["last_grad"]  # a bucket was sent before backward had finished
         _sgd_step(model, cfg.lr)
         losses.append(loss.item())
@@ -583,9 +594,10 @@ def _zero1_scheme(cfg: DPConfig, rank: int, world: int, device, lr=0.01, weight_
         opt.zero_grad(set_to_none=True)
         _loss(ddp, shard(x, rank, world).to(device), shard(y, rank, world).to(device)).backward()
         opt.step()  # each rank updates its own parameters, then broadcasts them to the others
-    owned = sum(p.numel() for p in opt.optim.param_groups[0]["params"])
+    local_opt = getattr(opt, "optim", opt)  # the optimiser of this rank's share (all of it without ZeRO)
+    owned = sum(p.numel() for g in local_opt.param_groups for p in g["params"])
     return {"params": {n: p.detach().cpu().clone() for n, p in model.named_parameters()},
-            "owned_numel": owned, "state_bytes": _optimizer_state_bytes(opt.optim),
+            "owned_numel": owned, "state_bytes": _optimizer_state_bytes(local_opt),
             "param_bytes": _tensor_bytes(model.parameters()),
             "grad_bytes": _tensor_bytes(p.grad for p in model.parameters() if p.grad is not None)}
 
@@ -605,7 +617,7 @@ def _fsdp_scheme(cfg: DPConfig, rank: int, world: int, device, lr=0.01, weight_d
         opt.step()
     local = {n: _local(p).numel() for n, p in model.named_parameters()}
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
-    return {"params": {n: p.full_tensor().detach().cpu().clone() for n, p in model.named_parameters()},
+    return {"params": {n: _full(p).detach().cpu().clone() for n, p in model.named_parameters()},
             "local_numel": local, "shapes": shapes,
             "param_bytes": _tensor_bytes(_local(p) for p in model.parameters()),
             "grad_bytes": _tensor_bytes(_local(p.grad) for p in model.parameters() if p.grad is not None),
@@ -800,6 +812,41 @@ def _engines_main(argv) -> int:
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def _engines_worker(rank: int, world_size: int, port: int, cfg_dict: dict, out_dir: str, timeout: float,
+                    schemes: tuple) -> None:
+    """What :func:`_engines_main` runs on each rank, started by :func:`_launch` (gloo on the CPU)."""
+    dist = _init_group(rank, world_size, port, timeout)
+    cfg = DPConfig(**cfg_dict)
+    try:
+        out = {"rank": rank, "world_size": world_size, "backend": "gloo"}
+        for name in schemes:
+            dist.barrier()
+            t0 = time.perf_counter()
+            scheme = globals()[f"_{name}_scheme"]  # looked up now: a function redefined here is the one run
+            out[name] = scheme(cfg, rank, world_size, torch.device("cpu"))
+            out[name]["seconds"] = time.perf_counter() - t0
+        torch.save(out, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def run_engines(schemes=SCHEMES, cfg: DPConfig = DPConfig(), world_size: int = 2, timeout: float = 120.0,
+                start_method: str | None = None) -> list[dict]:
+    """The schemes of :func:`run_torchrun`, started by this process's own launcher instead of torchrun.
+
+    Same results (one dict per rank, a key per scheme), on the CPU with gloo, through the
+    launcher of :func:`run_data_parallel`. With ``start_method="fork"`` (the default on
+    CPU-only Linux) the workers are copies of this process, so they run its code as it is
+    now: the chapter's mutations use that to rerun one scheme with a bug put into this
+    module, which a ``torchrun`` subprocess, a fresh interpreter, would not see.
+    """
+    schemes = [schemes] if isinstance(schemes, str) else list(schemes)
+    unknown = [s for s in schemes if s not in SCHEMES]
+    if unknown or not schemes:
+        raise ValueError(f"schemes must be a non-empty list from {SCHEMES}, got {schemes!r}")
+    return _launch(_engines_worker, cfg, world_size, timeout, start_method, extra_args=(tuple(schemes),))
 
 
 def torchrun_command(schemes, out_dir, cfg: DPConfig = DPConfig(), nproc: int = 2) -> list[str]:
