@@ -98,3 +98,15 @@ def test_threads_restores_torch_by_itself(monkeypatch):
     with measure.threads(other):
         assert torch.get_num_threads() == other
     assert torch.get_num_threads() == before
+
+
+def test_cpu_seconds_stat_min_and_a_bad_stat():
+    calls = []
+
+    def f():
+        calls.append(1)
+        sum(range(2000))
+
+    assert 0 < measure.cpu_seconds(f, repeats=3, min_seconds=0.001, stat="min")
+    with pytest.raises(ValueError, match="stat"):
+        measure.cpu_seconds(f, stat="mean")
