@@ -166,3 +166,11 @@ def test_classify_mode_counts_record_guards_and_fails_outside_them(tmp_path, cap
     nbformat.write(nb, str(path))
     assert mutations.main(["--classify", str(path)]) == 0
     assert "| 99 | 1 | 2 | 1 | 1 | 1 | 0 |" in capsys.readouterr().out
+
+
+def test_a_seed_the_notebook_already_uses_is_no_seed_change():
+    ctx = mutations.NotebookContext([SETUP, CHECK])
+    same = {"fails_if": "x", "before": "rng = np.random.default_rng(0)\nX = rng.normal(size=(4, 3)) * 2"}
+    other = {"fails_if": "x", "before": "rng = np.random.default_rng(5)\nX = rng.normal(size=(4, 3))"}
+    assert mutations.classify_mutation(CHECK, same, ctx, 1)["kind"] == "inputs"
+    assert mutations.classify_mutation(CHECK, other, ctx, 1)["kind"] == "seed"

@@ -260,6 +260,7 @@ class NotebookContext:
         self.trees = [_parse(src) for src in cells]
         self.imported: set[str] = set()
         self.defined: set[str] = set()
+        self.seeds: set[str] = set().union(*[_seed_parts(t) for t in self.trees if t is not None] or [set()])
         for tree in self.trees:
             if tree is None:
                 continue
@@ -414,6 +415,9 @@ def _classify_stmt(stmt, ctx, index, check_only, mode, state, removed) -> list[t
         return [("code", f"defines {stmt.name}", stmt.name)]
     if isinstance(stmt, (ast.With, ast.If, ast.Try)):  # each statement of the block on its own
         inner = [st for part in ("body", "orelse", "finalbody") for st in getattr(stmt, part, [])]
+        kept = {ast.dump(st) for r in removed for node in ast.walk(r) if isinstance(node, ast.stmt)
+                for st in [node]}
+        inner = [st for st in inner if ast.dump(st) not in kept]  # lines the replacement left alone
         return [k for st in inner for k in _classify_stmt(st, ctx, index, check_only, mode, state, removed)]
     if isinstance(stmt, ast.For) and not _book_calls(stmt, ctx) and _root(stmt.iter):
         # a loop that edits the items of a collection (``for r in rec["runs"]: r["test"] += 1``)
@@ -439,7 +443,9 @@ def _classify_stmt(stmt, ctx, index, check_only, mode, state, removed) -> list[t
         if _book_calls(stmt, ctx) - old_calls:
             return [("code", "changes what the check computes (a call into the code under test)", "")]
         return [("value", "changes the check itself (its asserted expression)", "")]
-    old_seeds = set().union(*[_seed_parts(r) for r in removed]) if removed else set()
+    # a seed the notebook never uses (``before``), or one the replacement changed
+    old_seeds = set().union(*[_seed_parts(r) for r in removed]) if removed else (
+        ctx.seeds if mode == "before" else set())
     if _seed_parts(stmt) - old_seeds:
         return every("seed", "changes a random seed")
     for c in _calls(stmt):
@@ -555,8 +561,12 @@ def _changed_statements(original: list, mutated: list) -> list[tuple[object, lis
 
 
 def _header(stmt) -> str:
+    def dump(v):
+        if isinstance(v, ast.AST):
+            return ast.dump(v)
+        return [dump(x) for x in v] if isinstance(v, list) else v
     parts = {k: v for k, v in ast.iter_fields(stmt) if k not in ("body", "orelse", "finalbody", "handlers")}
-    return type(stmt).__name__ + repr({k: ast.dump(v) if isinstance(v, ast.AST) else v for k, v in parts.items()})
+    return type(stmt).__name__ + repr({k: dump(v) for k, v in parts.items()})
 
 
 def classify_mutation(cell_source: str, mutation: dict, ctx: NotebookContext | None = None,
