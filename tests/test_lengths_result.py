@@ -54,3 +54,14 @@ def test_bad_kind():
         L.load_seed0("relative")
     with pytest.raises(ValueError, match="t_train"):
         L.train("alibi", 0, t_train=65)
+
+
+@pytest.mark.parametrize("kind", L.KINDS)
+def test_shipped_other_seeds_give_the_record(kind):
+    # seeds 1 and 2 ship too (lengths_seeds.pt, float16), and chapter 7 evaluates all twelve runs
+    ids, res = L.test_ids(), L.load_pretrained()
+    for seed in L.SEEDS[1:]:
+        acc = L.accuracy_by_position(L.load_seed(kind, seed), ids)
+        assert np.abs(acc - np.array(res[kind][seed])).max() <= 0.002, (kind, seed)
+    with pytest.raises(ValueError, match="seed"):
+        L.load_seed(kind, 5)

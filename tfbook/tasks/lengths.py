@@ -14,8 +14,9 @@ the position scheme differs (``KINDS``):
 Every run's weights are rounded to float16 (what is shipped) before it is tested. The 12 runs take
 well under a minute of CPU (about 15 s on one core), so :func:`run` is shipped as a measured result (``lengths_results.json``:
 the accuracy at every test position 1..63 of every run), with the float16 weights of the four
-seed-0 runs (``lengths_<kind>.pt``, 10 to 19 kB each), which chapter 7 evaluates
-(:func:`load_seed0`) instead of training them live::
+seed-0 runs (``lengths_<kind>.pt``, 10 to 19 kB each) and of the eight others
+(``lengths_seeds.pt``), which chapter 7 evaluates (:func:`load_seed0`, :func:`load_seed`)
+instead of training them live::
 
     python -m tfbook.tasks.lengths            # or --out DIR
 """
@@ -38,13 +39,15 @@ from ._common import cli, load_json, load_model, save_model, shipped, write_json
 
 __all__ = ["V", "D", "T_TRAIN", "T_TEST", "KINDS", "SEEDS", "RECIPE", "ARTIFACTS", "PrevToken",
            "PrevTokenConfig", "accuracy_by_position", "test_ids", "train", "rounded", "run", "load_pretrained",
-           "load_seed0", "save", "main"]
+           "load_seed0", "load_seed", "SEEDS_FILE", "save", "main"]
 
 V, D, T_TRAIN, T_TEST = 10, 32, 16, 64
 KINDS = ("table", "sinusoidal", "rope", "alibi")
 SEEDS = (0, 1, 2)
 RECIPE = dict(steps=200, batch_size=64, lr=0.05, n_test=500, test_seed=2)
-ARTIFACTS = ("lengths_results.json",) + tuple(f"lengths_{kind}.pt" for kind in KINDS)
+#: the float16 weights of every run with a seed other than 0 (``"<kind>/<seed>"`` -> state dict)
+SEEDS_FILE = "lengths_seeds.pt"
+ARTIFACTS = ("lengths_results.json",) + tuple(f"lengths_{kind}.pt" for kind in KINDS) + (SEEDS_FILE,)
 
 
 @dataclass
@@ -133,9 +136,10 @@ def rounded(model: PrevToken) -> PrevToken:
     return model
 
 
-def run(kinds=KINDS, seeds=SEEDS, models: dict | None = None) -> dict:
+def run(kinds=KINDS, seeds=SEEDS, models: dict | None = None, all_models: dict | None = None) -> dict:
     """``result[kind]``: a list (one per seed) of accuracies at test positions 1..63, each run's
-    weights rounded to float16 first; ``models``, a dict, receives the seed-0 models."""
+    weights rounded to float16 first; ``models``, a dict, receives the seed-0 models, and
+    ``all_models`` every model, under ``(kind, seed)``."""
     ids = test_ids()
     result = {"recipe": RECIPE, "seeds": list(seeds), "weights": "float16"}
     for kind in kinds:
@@ -144,6 +148,8 @@ def run(kinds=KINDS, seeds=SEEDS, models: dict | None = None) -> dict:
             model = rounded(train(kind, s))
             if models is not None and s == 0:
                 models[kind] = model
+            if all_models is not None:
+                all_models[(kind, s)] = model
             result[kind].append(accuracy_by_position(model, ids).tolist())
     return result
 
@@ -163,23 +169,46 @@ def load_seed0(kind: str, folder=None) -> PrevToken:
     return model
 
 
-def save(result: dict, folder, models: dict | None = None) -> list:
-    """Write the result and, for each ``kind -> model`` in ``models``, its float16 weights."""
+def load_seed(kind: str, seed: int, folder=None) -> PrevToken:
+    """The shipped model of ``kind`` trained with ``seed`` (float16 weights, evaluated in float64,
+    eval mode): seed 0 is :func:`load_seed0`, the others come from :data:`SEEDS_FILE`."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if seed not in SEEDS:
+        raise ValueError(f"seed must be one of {SEEDS}, got {seed!r}")
+    if seed == 0:
+        return load_seed0(kind, folder)
+    with shipped(SEEDS_FILE, folder).open("rb") as f:
+        states = torch.load(f, map_location="cpu", weights_only=True)
+    model = PrevToken(kind)
+    model.load_state_dict(states[f"{kind}/{seed}"])  # float16 values into the float64 parameters
+    return model.eval()
+
+
+def save(result: dict, folder, models: dict | None = None, all_models: dict | None = None) -> list:
+    """Write the result and, for each ``kind -> model`` in ``models``, its float16 weights; with
+    ``all_models`` (``(kind, seed) -> model``), the float16 weights of every seed other than 0
+    in one file, :data:`SEEDS_FILE`."""
     paths = [write_json(Path(folder) / ARTIFACTS[0], result)]
     for kind, model in (models or {}).items():
         paths.append(save_model(Path(folder) / f"lengths_{kind}.pt", model, model.history))
+    if all_models:
+        states = {f"{kind}/{s}": {k: v.detach().half().clone() for k, v in m.state_dict().items()}
+                  for (kind, s), m in all_models.items() if s != 0}
+        paths.append(Path(folder) / SEEDS_FILE)
+        torch.save(states, paths[-1])
     return paths
 
 
 def main(argv=None) -> None:  # pragma: no cover - writes the shipped artifacts
     def go(out, args):
         torch.set_num_threads(1)
-        models = {}
-        result = run(models=models)
+        models, all_models = {}, {}
+        result = run(models=models, all_models=all_models)
         for k in KINDS:
             print(k, [(round(float(np.mean(a[:T_TRAIN - 1])), 3), round(float(np.mean(a[T_TRAIN - 1:])), 3))
                       for a in result[k]])
-        print(save(result, out, models))
+        print(save(result, out, models, all_models))
 
     cli(__doc__, go, argv=argv)
 
