@@ -293,7 +293,11 @@ class NotebookContext:
     def origin(self, name: str, before_cell: int, prefix: list | None = None) -> str:
         """Where ``name``'s value came from, by its last top-level assignment before the cell:
         'record' (a shipped record loaded from disk), 'weights', 'inputs' (drawn, literal or read
-        data), 'result' (computed by the notebook) or 'unknown'."""
+        data), 'result' (computed by the notebook) or 'unknown'; ``prefix``: the statements of the
+        cell itself that run before the one asked about."""
+        for stmt in reversed(prefix or []):
+            if name in _written(stmt):
+                return self._origin_of(stmt, name, before_cell)
         for tree in reversed(self.trees[:before_cell]):
             if tree is None:
                 continue
@@ -485,6 +489,11 @@ def _classify_stmt(stmt, ctx, index, check_only, mode, state, removed) -> list[t
         drawn = any(DATA_SOURCE.match(c) for c in calls)
         if isinstance(stmt, ast.Assign) and isinstance(value, (ast.Name, ast.Attribute)) and name.startswith("_"):
             continue  # keeps the original (``_f = module.f``) for the patch that follows
+        if isinstance(stmt, ast.Assign) and isinstance(value, (ast.Name, ast.Subscript, ast.Attribute)) \
+                and not _calls(value) and _root(value) and _root(value) != name:
+            root = _root(value)  # an alias of (a part of) another value: it inherits that one's origin
+            state["origin"][name] = state["origin"].get(root) or ctx.origin(root, index, state.get("prefix", []))
+            continue
         if isinstance(value, ast.Lambda) or (origin == "code" and isinstance(value, (ast.Name, ast.Attribute))):
             out.append(("library" if name in ctx.imported else "code", f"replaces the function {name}", name))
         elif not book and not compound and (reads_self or constant):
