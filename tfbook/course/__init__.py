@@ -2,6 +2,7 @@
 
     python -m tfbook.course release [--out DIR] [NOTEBOOK ...]
     python -m tfbook.course grade SUBMISSIONS_DIR [--out DIR] [--timeout S] [--jobs N] [--shard K/N]
+    python -m tfbook.course plan SUBMISSIONS_DIR --shards N --out PLAN.json
     python -m tfbook.course merge PART_DIR ... [--out DIR]
     python -m tfbook.course check NOTEBOOK
 
@@ -26,7 +27,16 @@ it; the reason says why); ``refused`` (a symbolic link, or a folder or notebook 
 already: never followed); ``skipped`` (a folder whose name starts with a dot);
 ``unknown-assignment`` (no chapter notebook of that name).
 
-``merge`` joins the output folders of ``grade --shard k/N`` runs into one.
+``plan`` fixes the class (every row's key, with its shard) and its digest once, so that every
+``grade --shard k/N --plan PLAN.json`` grades its part of the same class (a submission that
+arrives later is listed as not in the plan, never lost between shards). ``merge`` joins the
+output folders of the shard runs into one: it refuses parts of different plans (each part
+records its plan's digest and its k/N), and exits non-zero, naming them, when a row of the plan
+is missing or given twice.
+
+In ``grades.csv`` the ``student`` column shows the folder's name (bytes that are not UTF-8 as
+``\\xNN``) and ``student_id`` keeps its exact bytes, percent-encoded (RFC 3986), so any folder
+name is graded and reported; exercises are named as the book names them ("Exercise 0.1").
 
 ``check`` runs a notebook's visible tests on the student's machine and prints the same
 messages the grader's feedback shows.

@@ -59,6 +59,14 @@ def main(argv: list[str] | None = None) -> int:
                       help="grade without bubblewrap (UNSAFE: student code gets your rights)")
     p_gr.add_argument("--shard", default=None, metavar="K/N",
                       help="grade only the K-th of N parts of the class (join the parts with `merge`)")
+    p_gr.add_argument("--plan", type=Path, default=None,
+                      help="the shard plan made by `plan` (the class fixed once for every shard; without "
+                           "it each shard splits the folder as it finds it, and `merge` refuses parts "
+                           "that found different classes)")
+    p_pl = sub.add_parser("plan", help="fix the class and its split into shards once, before `grade --shard`")
+    p_pl.add_argument("submissions", type=Path)
+    p_pl.add_argument("--shards", type=int, required=True, metavar="N")
+    p_pl.add_argument("--out", type=Path, required=True, help="the plan file to write (JSON)")
     p_mg = sub.add_parser("merge", help="join the output folders of `grade --shard K/N` runs")
     p_mg.add_argument("parts", nargs="+", type=Path, help="the --out folders of the shards")
     p_mg.add_argument("--out", type=Path, default=ROOT / "_build" / "grades")
@@ -79,7 +87,15 @@ def main(argv: list[str] | None = None) -> int:
             failed = grade.check_notebook(args.notebook, timeout=args.timeout)
             return 1 if failed else 0
         elif args.command == "merge":
-            grade.merge(args.parts, args.out)
+            try:
+                grade.merge(args.parts, args.out)
+            except grade.MergeError as exc:
+                print(f"merge: {exc}", file=sys.stderr)
+                return 1
+        elif args.command == "plan":
+            manifest = grade.make_plan(args.submissions, release.NOTEBOOKS, args.shards, args.out)
+            print(f"shard plan {manifest['digest'][:12]}: {len(manifest['work'])} rows in {args.shards} "
+                  f"shard(s), written to {args.out}; grade each with --shard K/{args.shards} --plan {args.out}")
         else:
             if args.jobs is not None and args.jobs < 1:
                 parser.error("--jobs must be at least 1")
@@ -92,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             rows = grade.grade(args.submissions, out=args.out, timeout=args.timeout,
                                       total_timeout=args.total_timeout, jobs=args.jobs,
                                       use_sandbox=False if args.no_sandbox else None, limits=limits,
-                                      shard=args.shard)
+                                      shard=args.shard, plan=args.plan)
             print(f"graded {len(rows)} submission(s) in {time.perf_counter() - start:.1f} s: "
                   f"{args.out / 'grades.csv'}, {args.out / 'exercises.csv'}, feedback in "
                   f"{args.out / 'feedback'}")

@@ -25,6 +25,15 @@ against the master notebook's solution, and supervises the time limits from outs
 
 Messages go, one JSON object a line, to the file descriptor that was standard output
 when the driver started; fd 1 and fd 2 are redirected so C-level prints cannot corrupt it.
+
+That channel is out of the student's reach: the driver forks at once, before any student code
+exists, into a *relay* (the parent), which alone holds the grader's channel (its stdin and
+stdout) and makes itself non-dumpable (no process of the sandbox user can read its file
+descriptors through /proc, or trace it), and the *runner* (the child), which runs the
+notebook and sends its messages to the relay through a pipe of its own. The relay forwards
+each message re-encoded, bounded in size (``MAX_LINE``) and nesting, and drops anything that
+is not one JSON object naming a known kind: the grader reads only what the relay wrote. The
+relay's parsing costs the sandbox's CPU time, which the grader limits.
 """
 
 from __future__ import annotations
@@ -282,6 +291,124 @@ def _hidden(job: dict, functions: dict, slow: set) -> None:
         _send({"t": "hend", "gid": gid})
 
 
+MAX_LINE = 48 * 2**20  # bytes of one message (the grader reads no longer line)
+KINDS = frozenset({"ready", "start", "end", "vresult", "value", "visible-done", "hstart", "hend", "result",
+                   "done", "log"})
+
+
+def _non_dumpable() -> None:
+    """No other process of this user may read this one's memory or file descriptors (/proc) or trace it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+    except (OSError, AttributeError):
+        pass
+
+
+def _relay(up: int, down: int, child: int) -> None:
+    """The parent: holds the grader's channel (fds 0 and 1); copies the grader's bytes (the hidden
+    inputs) to the runner, and the runner's messages, checked and re-encoded, to the grader."""
+    import threading
+
+    out = os.fdopen(1, "wb", closefd=False)
+
+    def downstream():
+        try:
+            while True:
+                chunk = os.read(0, 1 << 20)
+                if not chunk:
+                    break
+                _write_all(down, chunk)
+        except OSError:
+            pass
+        try:
+            os.close(down)
+        except OSError:
+            pass
+
+    threading.Thread(target=downstream, daemon=True).start()
+    source = os.fdopen(up, "rb")
+    skipping = False
+    while True:
+        try:
+            line = source.readline(MAX_LINE)
+        except (OSError, ValueError):
+            break
+        if not line:
+            break
+        whole = line.endswith(b"\n")
+        if skipping or not whole:  # longer than MAX_LINE: dropped, with the rest of it
+            skipping = not whole
+            continue
+        try:
+            msg = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if not isinstance(msg, dict) or msg.get("t") not in KINDS:
+            continue
+        try:
+            out.write(json.dumps(msg, ensure_ascii=True).encode("ascii") + b"\n")
+            out.flush()
+        except (OSError, ValueError, RecursionError):
+            break
+    try:
+        os.waitpid(child, 0)
+    except OSError:
+        pass
+    os._exit(0)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _split() -> tuple[int, int]:
+    """Fork into the relay (which never returns from here) and the runner; the runner gets its
+    ends of the two pipes (messages up, the grader's bytes down), and no grader's channel."""
+    up_r, up_w = os.pipe()
+    down_r, down_w = os.pipe()
+    _non_dumpable()  # before the fork: the relay is never dumpable, not for an instant
+    pid = os.fork()
+    if pid:
+        os.close(up_w)
+        os.close(down_r)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        os.dup2(devnull, 2)
+        _relay(up_r, down_w, pid)
+    os.close(up_r)
+    os.close(down_w)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)  # the grader's channel: gone from the runner
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    return up_w, down_r
+
+
+def _fresh_keyrings() -> None:
+    """The kernel's keyrings outlive a sandbox: a key left in the sandbox user's keyring, or in the
+    session keyring every sandbox inherits from the grader, would reach the next run in this slot
+    (a retry after the hidden phase, or a classmate). Before any student code: a new, empty
+    session keyring of our own, and the user's keyrings emptied."""
+    import ctypes
+    import platform
+
+    calls = {"x86_64": 250, "aarch64": 219, "armv7l": 311, "ppc64le": 289, "s390x": 280}
+    nr = calls.get(platform.machine())
+    if nr is None:
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        libc.syscall(nr, 1, None)  # KEYCTL_JOIN_SESSION_KEYRING, anonymous: the grader's is no longer ours
+        for ring in (-4, -5):  # KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING
+            libc.syscall(nr, 7, ctypes.c_long(ring))  # KEYCTL_CLEAR
+    except (OSError, AttributeError):
+        pass
+
+
 def _drop_privileges() -> None:
     """As root inside bwrap: become the sandbox user before anything else runs."""
     uid = os.environ.pop("TFBOOK_SANDBOX_UID", "")
@@ -295,12 +422,12 @@ def _drop_privileges() -> None:
 
 def main(argv: list[str]) -> int:
     _drop_privileges()
+    _fresh_keyrings()
     job = json.loads(open(argv[0], encoding="utf-8").read())
-    _State.proto = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    _State.stdin = os.fdopen(os.dup(0), "rb")
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    up, down = _split()
+    _State.proto = os.fdopen(up, "w", encoding="utf-8")
+    _State.stdin = os.fdopen(down, "rb")
     devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
     log = job.get("log")
     if log:  # unsandboxed: a file in the run's folder; in the sandbox fd 2 is the grader's log
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

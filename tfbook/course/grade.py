@@ -65,6 +65,7 @@ WALL_FACTOR = 3.0
 PLAIN_WALL_FACTOR = 10.0
 SAMPLE = 0.25  # seconds between two readings of a sandbox's meter
 MAX_ATTEMPTS = 3  # runs of one submission (each skips the cells that hung or crashed before)
+GRADER_CPU = 60.0  # CPU seconds the grader itself may spend on one submission's messages (all its runs)
 MAX_LINE = 48 * 2**20
 MAX_STREAM = 128 * 2**20
 UNSANDBOXED = "WARNING: graded WITHOUT a sandbox"
@@ -100,10 +101,15 @@ def read_submission(text: str):
 
 
 def build_job(sub, plan) -> tuple[list[dict], list[str], dict[str, int]]:
-    """(cells to run, notes for the reason, {test gid: submission cell index})."""
+    """(cells to run, notes for the reason, {test gid: submission cell index}).
+
+    A test cell that appears more than once (Jupyter copies keep the grading metadata) runs
+    where the master has it: the first occurrence after its answer cell (or the first one, where
+    the answer cannot be found); every other occurrence is a copy, reported and never run."""
     tests = {t.gid: t for t in plan.tests}
     by_source = {judge_mod.normalise(t.visible): t.gid for t in plan.tests}
-    cells, notes, placed = [], [], {}
+    kinds: dict[int, str | None] = {}  # code cell index -> the test gid it is, or None
+    occurrences: dict[str, list[int]] = {}
     answer_at: dict[str, list[int]] = {}
     for idx, cell in enumerate(sub.cells):
         if cell.cell_type != "code":
@@ -112,13 +118,29 @@ def build_job(sub, plan) -> tuple[list[dict], list[str], dict[str, int]]:
         gid = meta.get("grade_id")
         if gid is None:  # no nbgrader metadata (a notebook saved by another tool): a test cell by its source
             gid = by_source.get(judge_mod.normalise(cell.source))
-            if gid in placed:
-                gid = None
         if gid in tests:
+            kinds[idx] = gid
+            occurrences.setdefault(gid, []).append(idx)
+        else:
+            kinds[idx] = None
+            if gid in plan.answers:
+                answer_at.setdefault(gid, []).append(idx)
+    chosen: dict[str, int] = {}
+    for gid, where in occurrences.items():
+        answer = answer_at.get(tests[gid].answer)
+        after = [i for i in where if answer and i > answer[-1]]
+        chosen[gid] = after[0] if after else where[0]
+    cells, notes, placed = [], [], {}
+    for idx, cell in enumerate(sub.cells):
+        if idx not in kinds:
+            continue
+        gid = kinds[idx]
+        if gid is not None:
             t = tests[gid]
-            if gid in placed:
-                notes.append(f"{gid} appears again in cell {idx + 1} (a copy of cell "
-                             f"{placed[gid] + 1}): the copy was ignored")
+            if chosen[gid] != idx:
+                where = "above its answer" if idx < chosen[gid] else "below it"
+                notes.append(f"{gid} appears again in cell {idx + 1} (a copy of test cell {gid}, "
+                             f"{where}; the test runs in cell {chosen[gid] + 1}): the copy was ignored")
                 continue
             placed[gid] = idx
             if judge_mod.normalise(cell.source) != judge_mod.normalise(t.visible):
@@ -126,8 +148,6 @@ def build_job(sub, plan) -> tuple[list[dict], list[str], dict[str, int]]:
             cells.append({"index": idx, "kind": "test", "source": t.visible, "gid": gid,
                           "capture": [list(n) for n in t.names]})
         else:
-            if gid in plan.answers:
-                answer_at.setdefault(gid, []).append(idx)
             cells.append({"index": idx, "kind": "code", "source": cell.source})
     for gid, where in answer_at.items():
         if len(where) > 1:
@@ -164,6 +184,7 @@ class Budget:
     wall: float
     cpu_used: float = 0.0
     wall_used: float = 0.0
+    grader_used: float = 0.0  # the grader's own CPU seconds on this notebook's messages
 
     @classmethod
     def of(cls, total_timeout: float) -> "Budget":
@@ -189,6 +210,7 @@ class Attempt:
     limit: dict = field(default_factory=dict)  # cell index -> "cpu"|"wall": which limit interrupted it
     visible: dict = field(default_factory=dict)  # gid -> name -> [(digest, answer)]
     kernel_peaks: dict = field(default_factory=dict)  # measured gid -> bytes its hidden calls took (kernel)
+    grader_cpu: float = 0.0  # CPU seconds the grader's own threads spent reading this run's messages
 
 
 KERNEL_SLACK = 32 * 2**20  # bytes a measured test's window may grow by without the student's code
@@ -260,20 +282,27 @@ def _answer(msg: dict, peak_limit: int) -> tuple:
         return (False, "uncomparable")
 
 
-def _reader(stream, q: queue.Queue) -> None:
-    total = 0
+def _reader(stream, q: queue.Queue, cpu: list) -> None:
+    """Lines of the sandbox's channel into ``q``; a line longer than MAX_LINE is dropped whole.
+    ``cpu[0]``: this thread's CPU seconds (the grader's own, metered per submission)."""
+    total, t0, skipping = 0, time.thread_time(), False
     try:
         while True:
             line = stream.readline(MAX_LINE)
+            cpu[0] = time.thread_time() - t0
             if not line:
                 break
             total += len(line)
             if total > MAX_STREAM:
                 q.put(("overflow", None))
                 break
-            q.put(("line", line))
+            whole = line.endswith(b"\n")
+            if not skipping and whole:
+                q.put(("line", line))
+            skipping = not whole  # the rest of an overlong line is dropped too
     except (OSError, ValueError):
         pass
+    cpu[0] = time.thread_time() - t0
     q.put(("eof", None))
 
 
@@ -307,13 +336,14 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, budget: 
         shutil.rmtree(scratch, ignore_errors=True)
     sandbox.prepare_scratch(scratch)
     inside = sandbox.INSIDE if use_bwrap else str(scratch)
-    # in the sandbox, stderr stays the grader's log file (bounded by RLIMIT_FSIZE)
+    # in the sandbox, stderr is a pipe the grader reads (the last LOG_TAIL bytes are kept, quoted)
     job = {**job, "log": None if use_bwrap else f"{inside}/driver.log"}
     (scratch / "job.json").write_text(json.dumps(job), encoding="utf-8")
-    argv = [sys.executable, "-m", "tfbook.course.driver", f"{inside}/job.json"]
+    argv = [sandbox.python_inside() if use_bwrap else sys.executable, "-m", "tfbook.course.driver",
+            f"{inside}/job.json"]
     if use_bwrap:
         files = {"job.json": scratch / "job.json"}
-        files.update({f".matplotlib/{f.name}": f for f in sandbox.font_caches()})
+        files.update({f".matplotlib/{f.name}": f for f in sandbox.sandbox_font_caches()})
         uid = slot.uid if slot is not None and slot.uid is not None else sandbox.SANDBOX_UID
         cmd, env, cwd = sandbox.bwrap_command(files, argv, limits, uid=uid), None, None
     else:
@@ -323,15 +353,32 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, budget: 
     log.parent.mkdir(parents=True, exist_ok=True)
     if slot is not None:
         slot.reset_peak()
-    with open(log, "wb") as err:
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                                cwd=cwd, env=env, preexec_fn=sandbox.preexec(limits, nproc, slot))
+    log.write_bytes(b"")
+    # the sandbox's stderr comes to the grader through a pipe (never the log file itself: the
+    # student's code could reopen that through /proc, rewrite it and read its host path)
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=cwd, env=env, preexec_fn=sandbox.preexec(limits, nproc, slot))
+    stderr_tail = _Tail()
+    stderr_thread = threading.Thread(target=stderr_tail.read, args=(proc.stderr,), daemon=True)
+    stderr_thread.start()
     meter = sandbox.Meter(proc.pid, slot)
     q: queue.Queue = queue.Queue()
-    threading.Thread(target=_reader, args=(proc.stdout, q), daemon=True).start()
+    reader_cpu = [0.0]
+    threading.Thread(target=_reader, args=(proc.stdout, q, reader_cpu), daemon=True).start()
     open_item, item_start, hidden_calls, window = None, None, {}, None
     capturing = {c["index"] for c in job["cells"] if c.get("capture")
                  and c["index"] not in job.get("skip_capture", [])}
+    # what each message may be about, by where the run is (the protocol the driver follows): a
+    # message out of place (forged by the student's code, which shares the driver's process) is dropped
+    by_cell = {c["index"]: c for c in job["cells"]}
+    values_of = {c["index"]: {n for n, m in c.get("capture", []) if m == "value"} for c in job["cells"]}
+    calls_of = {c["index"]: {n for n, m in c.get("capture", []) if m == "call"} for c in job["cells"]}
+    started: set = set()  # the cells, then the hidden tests, that began (each once)
+    sent: set = set()  # the tests whose hidden inputs were sent
+    own_cpu0, sampling = time.thread_time(), [0.0]
+
+    def grader_cpu() -> float:  # reading and handling the messages (not the meter's own readings of /proc)
+        return time.thread_time() - own_cpu0 - sampling[0] + reader_cpu[0]
 
     def opened():  # an item's clocks start: (CPU seconds, backstop seconds) of the sandbox now
         return (meter.cpu, meter.own)
@@ -340,7 +387,9 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, budget: 
     try:
         while True:
             if time.monotonic() - last >= SAMPLE:
+                t_sample = time.thread_time()
                 meter.sample()
+                sampling[0] += time.thread_time() - t_sample
                 last = time.monotonic()
                 own = meter.own - a.waited  # waiting for the judge is not the notebook's time
                 if budget.spent(meter.cpu, own):
@@ -352,6 +401,10 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, budget: 
                                                or meter.own - item_start[1] > wall + GRACE):
                     a.culprit = (*open_item, "timeout")
                     break
+            if budget.grader_used + grader_cpu() > GRADER_CPU:
+                a.error = (f"the notebook's messages cost the grader more than {GRADER_CPU:g} s of its own "
+                           "CPU time: not graded (see the log)")
+                break
             try:
                 kind_msg, line = q.get(timeout=SAMPLE)
             except queue.Empty:
@@ -370,7 +423,9 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, budget: 
             if not a.visible_done:
                 if open_item is not None and open_item[0] == "capture" and t in ("start", "visible-done"):
                     open_item, item_start = None, None
-                if t == "start" and isinstance(msg.get("cell"), int):
+                if t == "start" and isinstance(msg.get("cell"), int) and msg["cell"] in by_cell \
+                        and msg["cell"] not in started and open_item is None:
+                    started.add(msg["cell"])
                     open_item = ("cell", msg["cell"])
                     item_start = opened()
                 elif t == "end" and open_item == ("cell", msg.get("cell")):
@@ -384,19 +439,26 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, budget: 
                         "out": str(msg.get("out", ""))[-2000:],
                     }
                     open_item, item_start = None, None
-                    if msg["cell"] in capturing:  # reading its values runs the student's code too
+                    if by_cell[msg["cell"]].get("capture"):  # reading its values runs the student's code too
                         open_item = ("capture", msg["cell"])
-                        item_start = opened()
+                        item_start = opened() if msg["cell"] in capturing else None
                 elif t == "vresult":
                     gid, name, d = msg.get("gid"), msg.get("name"), msg.get("digest")
+                    # only while the test cell of that gid runs, for a function it takes
+                    here = open_item[1] if open_item is not None and open_item[0] == "cell" else None
                     if isinstance(gid, str) and isinstance(name, str) and isinstance(d, str) \
-                            and _DIGEST.fullmatch(d):
+                            and _DIGEST.fullmatch(d) and here in by_cell and by_cell[here].get("gid") == gid \
+                            and name in calls_of[here]:
                         seen = a.visible.setdefault(gid, {}).setdefault(name, [])
                         if len(seen) < MAX_VISIBLE_CALLS:
                             seen.append((d, _answer(msg, peak_limit)))
                 elif t == "value":
                     gid, name = msg.get("gid"), msg.get("name")
-                    if isinstance(gid, str) and isinstance(name, str):
+                    # only while the values of that gid's test cell are read, for a name it takes, once
+                    here = open_item[1] if open_item is not None and open_item[0] == "capture" else None
+                    if isinstance(gid, str) and isinstance(name, str) and here in by_cell \
+                            and by_cell[here].get("gid") == gid and name in values_of[here] | calls_of[here] \
+                            and name not in a.values.get(gid, {}):
                         if msg.get("ok") and msg.get("callable"):
                             a.values.setdefault(gid, {})[name] = (True, None)
                         elif msg.get("ok"):
@@ -416,13 +478,15 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, budget: 
                     # the tests that measure memory run first, each in a window the kernel measures
                     measured = [g for g in job.get("measure_memory", ()) if g in wanted]
                     wanted = {**{g: wanted[g] for g in measured}, **wanted}
+                    sent = set(wanted)
                     data = pickle.dumps(wanted)
                     if measured and slot is not None and slot.usage() is not None:
                         window = _Window(slot, allowance=4 * len(data) + KERNEL_SLACK)
                     threading.Thread(target=_writer, args=(proc.stdin, data), daemon=True).start()
                 continue
             # hidden phase: only results count; nothing here reaches the feedback
-            if t == "hstart" and isinstance(msg.get("gid"), str):
+            if t == "hstart" and msg.get("gid") in sent and msg["gid"] not in started and open_item is None:
+                started.add(msg["gid"])
                 open_item = ("hidden", msg["gid"])
                 item_start = opened()
             elif t == "hend" and open_item == ("hidden", msg.get("gid")):
@@ -441,8 +505,10 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, budget: 
         meter.sample()
         _kill(proc)
         a.cpu, a.own = meter.cpu, max(0.0, meter.own - a.waited)
+        a.grader_cpu = grader_cpu()
         budget.cpu_used += a.cpu
         budget.wall_used += a.own
+        budget.grader_used += a.grader_cpu
         if slot is not None:
             slot.kill_all()
             # the kernel's measure of the whole sandbox: a claim above it is forged
@@ -453,7 +519,14 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, budget: 
                         for k, r in list(answers.items()):
                             if len(r) > 2 and r[2].get("peak", 0) > trusted:
                                 answers[k] = (False, "failed")
-        _append_driver_log(scratch / "driver.log", log)
+        stderr_thread.join(timeout=5)
+        try:
+            proc.stderr.close()
+        except (OSError, ValueError):
+            pass
+        if not use_bwrap:  # unsandboxed, the driver writes its stderr to a file in the run's folder
+            stderr_tail.feed(_read_driver_log(scratch / "driver.log"))
+        _quote_student(stderr_tail.data(), log)
     # a measured call's peak is at least what the kernel saw its test's hidden calls allocate (less
     # the inputs' unpickling): tracemalloc.reset_peak(), or memory PyTorch allocates, cannot hide it
     for gid, floor in a.kernel_peaks.items():
@@ -462,7 +535,7 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, budget: 
                 if r[0] and len(r) > 2:
                     answers[k] = (True, r[1], {**r[2], "peak": max(int(r[2].get("peak", 0)), floor)})
     if not a.done and a.culprit is None and not a.overall:
-        tail = log.read_bytes()[-400:].decode("utf-8", errors="replace") if log.exists() else ""
+        tail = report.terminal(stderr_tail.data()[-400:].decode("utf-8", errors="replace"))
         if not a.records and not a.visible_done:
             a.error = f"the sandbox did not start ({tail.strip()[-200:] or 'no message'})"
         else:
@@ -470,23 +543,64 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, budget: 
     return a
 
 
-def _append_driver_log(src: Path, log: Path, limit: int = 64 * 1024) -> None:
-    """The tail of what the sandbox wrote to its stderr, for the instructor's log. The file
-    is the student's: opened without following a symlink, and only if it is a plain file."""
+STUDENT_PREFIX = "  student| "  # every line of the student's output in an instructor's log starts so
+LOG_TAIL = 64 * 1024  # bytes of the sandbox's stderr kept for the log (its last ones)
+
+
+class _Tail:
+    """The last LOG_TAIL bytes of a stream (read in a thread)."""
+
+    def __init__(self):
+        self.chunks, self.size, self.total = [], 0, 0
+
+    def feed(self, chunk: bytes) -> None:
+        self.chunks.append(chunk)
+        self.size += len(chunk)
+        self.total += len(chunk)
+        while self.size - len(self.chunks[0]) >= LOG_TAIL:
+            self.size -= len(self.chunks.pop(0))
+
+    def read(self, stream) -> None:
+        try:
+            while True:
+                chunk = stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536)
+                if not chunk:
+                    break
+                self.feed(chunk)
+        except (OSError, ValueError):
+            pass
+
+    def data(self) -> bytes:
+        return b"".join(self.chunks)[-LOG_TAIL:]
+
+
+def _quote_student(data: bytes, log: Path) -> None:
+    """The instructor's log: the grader's own header line, then what the sandbox wrote to its
+    stderr, every line quoted (STUDENT_PREFIX), control characters (terminal escapes, carriage
+    returns, bidi overrides) replaced: no line of the student's can pass for the grader's."""
+    text = data.decode("utf-8", "replace")
+    lines = [STUDENT_PREFIX + report.terminal(line) for line in text.splitlines()]
+    with open(log, "a", encoding="utf-8") as f:
+        f.write(f"--- the grader: the sandbox's stderr (its last {LOG_TAIL // 1024} KiB), each line quoted "
+                f"with {STUDENT_PREFIX.strip()!r} ---\n")
+        f.write("\n".join(lines) + ("\n" if lines else ""))
+
+
+def _read_driver_log(src: Path, limit: int = LOG_TAIL) -> bytes:
+    """The tail of the unsandboxed driver's stderr file. The file is the student's: opened without
+    following a symlink, and only if it is a plain file."""
     try:
         fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
-        return
+        return b""
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            return
+            return b""
         os.lseek(fd, max(st.st_size - limit, 0), os.SEEK_SET)
-        data = os.read(fd, limit)
+        return os.read(fd, limit)
     finally:
         os.close(fd)
-    with open(log, "ab") as f:
-        f.write(b"\n--- the sandbox's stderr (its last 64 KiB) ---\n" + data)
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -728,13 +842,19 @@ def grade_one(row: Row, path: Path, plan, judge: JudgeProxy, work: Path, *, time
     if deleted:
         parts.append("cells deleted: " + ", ".join(deleted))
     parts += notes
-    broken = []
+    broken, unanswered = [], set()
     for i, rec in attempt.records.items():
         cell = by_index.get(i)
         if cell and cell["kind"] == "code" and rec and rec["status"] == "error":
             gid = judge_mod._nbgrader(sub.cells[i]).get("grade_id") if i < len(sub.cells) else None
-            if gid in plan.answers:
+            if gid in plan.answers and rec["ename"] == "NotImplementedError":
+                unanswered.add(gid)  # the released stub, never replaced
+            elif gid in plan.answers:
                 broken.append(f"{gid}: {rec['ename']}")
+    for cell in sub.cells:  # the released stub left in place: a function that raises when called
+        gid = judge_mod._nbgrader(cell).get("grade_id")
+        if cell.cell_type == "code" and gid in plan.answers and "raise NotImplementedError" in cell.source:
+            unanswered.add(gid)
     if broken:
         parts.append("answer cells raised " + ", ".join(broken))
     lost = []
@@ -742,25 +862,36 @@ def grade_one(row: Row, path: Path, plan, judge: JudgeProxy, work: Path, *, time
     for t in plan.tests:
         v = verdict.get(t.gid, {"passed": False, "part": "grader", "diagnosis": "not judged"})
         diagnosis = v["diagnosis"]  # the judge's words, from the checks it ran on the student's results
+        if t.answer in unanswered and not v["passed"]:
+            diagnosis = "not answered (its answer cell still has the `raise NotImplementedError()` it was given)"
         if v["part"] == "grader":
             row.status = "error"
         points = t.points if v["passed"] else 0.0
         policy = v.get("policy")
         if policy:  # an instructor's rule (course/policies.py): its points and its reason
             points = min(points, float(policy["points"]))
-            parts.append(f"{t.gid}: {policy['reason']}")
-        row.exercises.append({"gid": t.gid, "points": t.points, "score": points,
+            parts.append(f"{test_label(t)}, {t.gid}: {policy['reason']}")
+        row.exercises.append({"gid": t.gid, "label": test_label(t), "points": t.points, "score": points,
                               "passed": v["passed"] and not policy, "diagnosis": diagnosis, "part": v["part"],
                               "checks_out": v.get("out", ""),
                               "visible_out": (attempt.records.get(placed.get(t.gid)) or {}).get("out", "")})
         if not v["passed"]:
-            lost.append(f"{t.gid}: {diagnosis}")
+            lost.append(f"{test_label(t)}, {t.gid}: {diagnosis}")
     if lost:
         parts.append("lost points in " + "; ".join(lost))
     row.score = float(sum(e["score"] for e in row.exercises))
     if row.status != "error":
         row.status = "timeout" if timed_out else ("crashed" if crashed else "graded")
     row.reason = "; ".join(parts)
+
+
+def test_label(t) -> str:
+    """"Exercise 0.1": the exercise as the book names it (its heading, else its grade id's numbers)."""
+    m = _EXERCISE.search(t.task or "")
+    if m:
+        return f"Exercise {m.group(1)}"
+    m = re.match(r"ex([0-9A-Za-z]+)-(\d+)-", t.gid or "")
+    return f"Exercise {m.group(1)}.{m.group(2)}" if m else t.gid
 
 
 def limit_words(cpu: float) -> str:
@@ -864,11 +995,32 @@ def _find_submission(folder: Path, assignment: str) -> tuple[Path | None, str, s
     return None, "missing", f"no {want} in the assignment's folder"
 
 
-MAX_NOTEBOOK = 64 * 2**20  # bytes: a notebook larger than this is not read
+MAX_NOTEBOOK = 512 * 2**20  # bytes: a notebook file larger than this is not read (its outputs are dropped)
+
+
+def _strip_outputs(data: bytes) -> bytes:
+    """The notebook without its cells' outputs and attachments (what is graded is the code, which
+    runs again in the sandbox): a notebook whose outputs are hundreds of megabytes is graded like
+    any other, and only its code is kept in memory. Bytes that are not notebook JSON are returned
+    as they are (:func:`_readable` says why they are not a notebook)."""
+    try:
+        nb = json.loads(data)
+    except (ValueError, RecursionError):
+        return data
+    cells = nb.get("cells") if isinstance(nb, dict) else None
+    if not isinstance(cells, list):
+        return data
+    for cell in cells:
+        if isinstance(cell, dict):
+            if "outputs" in cell:
+                cell["outputs"] = []
+            cell.pop("attachments", None)
+    return json.dumps(nb, ensure_ascii=False).encode("utf-8", "surrogatepass")
 
 
 def _read_notebook(path: Path) -> tuple[bytes | None, str]:
-    """The notebook's bytes (opened without following a symbolic link, a plain file only), or why not."""
+    """The notebook's bytes without its outputs (opened without following a symbolic link, a
+    plain file only), or why not."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -886,7 +1038,9 @@ def _read_notebook(path: Path) -> tuple[bytes | None, str]:
                 break
             chunks.append(chunk)
             size += len(chunk)
-        return b"".join(chunks), ""
+        data = b"".join(chunks)
+        del chunks
+        return _strip_outputs(data), ""
     finally:
         os.close(fd)
 
@@ -996,19 +1150,11 @@ def parse_shard(shard: str | None) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-def shard_of(work: list, k: int, n: int) -> list:
-    """The k-th of n contiguous parts of the class's work, sorted by assignment then student
-    (so that a shard runs few judges; the parts differ in size by one at most). Every machine
-    that sees the same submissions folder cuts it the same way."""
-    lo, hi = (k - 1) * len(work) // n, k * len(work) // n
-    return work[lo:hi]
-
-
 def grade(submissions: Path, out: Path = ROOT / "_build" / "grades", timeout: float = 60,
           total_timeout: float = 900.0, notebooks_dir: Path = ROOT / "notebooks",
           verbose: bool = True, jobs: int | None = None, specs: Path = judge_mod.SPECS,
           use_sandbox: bool | None = None, limits: sandbox.Limits | None = None,
-          shard: str | None = None) -> list[Row]:
+          shard: str | None = None, plan: Path | None = None) -> list[Row]:
     """Grade every ``submissions/<student>/<assignment>/<assignment>.ipynb``; return the rows.
 
     ``shard="k/N"`` grades the k-th of N disjoint parts of the class (``merge`` joins the
@@ -1032,8 +1178,18 @@ def grade(submissions: Path, out: Path = ROOT / "_build" / "grades", timeout: fl
     if warning and verbose:
         bar = "!" * 78
         print(f"{bar}\n{warning}\n{bar}", file=sys.stderr)
-    work = shard_of(find_work(submissions, notebooks_dir), k_shard, n_shard)
+    found = find_work(submissions, notebooks_dir)
+    manifest = read_plan(plan) if plan is not None else plan_of(found, n_shard)
+    if manifest["shards"] != n_shard:
+        raise ValueError(f"--shard {k_shard}/{n_shard} does not match the plan's {manifest['shards']} shards")
+    work, unplanned = select_shard(found, manifest, k_shard)
     out.mkdir(parents=True, exist_ok=True)
+    (out / SHARD_FILE).write_text(json.dumps({
+        "format": PLAN_FORMAT, "digest": manifest["digest"], "k": k_shard, "n": n_shard,
+        "plan": manifest, "unplanned": unplanned}, indent=0), encoding="ascii")
+    if unplanned and verbose:
+        print(f"{len(unplanned)} submission(s) not in the shard plan, not graded here (grade them in a new "
+              f"run): {', '.join(unplanned[:10])}", file=sys.stderr)
     for sub in ("feedback", "logs"):
         if (out / sub).exists():
             shutil.rmtree(out / sub)
@@ -1043,7 +1199,8 @@ def grade(submissions: Path, out: Path = ROOT / "_build" / "grades", timeout: fl
     masters: dict[str, object] = {}
     for row, *_ in work:
         a = row.assignment
-        if a != NO_ASSIGNMENT and row.status != "unknown-assignment" and a not in plans:
+        if a != NO_ASSIGNMENT and row.status != "unknown-assignment" and a not in plans \
+                and (Path(notebooks_dir) / f"{a}.ipynb").is_file():
             masters[a] = nbformat.read(str(Path(notebooks_dir) / f"{a}.ipynb"), as_version=4)
             plans[a] = judge_mod.plan(masters[a], a)
         if a in plans:
@@ -1102,7 +1259,7 @@ def grade(submissions: Path, out: Path = ROOT / "_build" / "grades", timeout: fl
                     done_with(row.assignment)
                 if bar is not None:
                     bar.update(1)
-                    bar.set_postfix_str(report.terminal(f"{row.student[:30]}/{row.assignment} "
+                    bar.set_postfix_str(report.terminal(f"{report.display_name(row.student)[:30]}/{row.assignment} "
                                                         f"{row.score:g}/{row.max_score:g}"))
                 return row
 
@@ -1118,41 +1275,179 @@ def grade(submissions: Path, out: Path = ROOT / "_build" / "grades", timeout: fl
     if warning:
         for r in rows:
             r.reason = "; ".join(filter(None, [warning, r.reason]))
-    rows.sort(key=lambda r: (r.student, r.assignment))
-    report.write_feedback(rows, masters, plans, out / "feedback")
-    report.write_grades(rows, out)
-    report.write_exercise_table(rows, out)
-    if verbose:
-        report.print_summary(rows, time.perf_counter() - start, warning, judged)
+    rows.sort(key=lambda r: (str(r.student), str(r.assignment)))
+    write_outputs(rows, masters, plans, out, time.perf_counter() - start if verbose else None,
+                  warning, judged)
     return rows
+
+
+def write_outputs(rows, masters, plans, out: Path, seconds: float | None, warning: str = "",
+                  judged: dict | None = None) -> None:
+    """Feedback pages, grades.csv and rows.json, the exercise table, the console summary: a
+    fault in any of them (the grader's, logged in logs/grader-faults.log) costs no row its line
+    in grades.csv, which is always written."""
+    faults = out / "logs" / "grader-faults.log"
+    try:
+        report.write_feedback(rows, masters, plans, out / "feedback", log=faults)
+    except Exception:  # noqa: BLE001
+        report.grader_fault(faults, "feedback pages")
+    report.write_grades(rows, out, log=faults)
+    try:
+        report.write_exercise_table(rows, out)
+    except Exception:  # noqa: BLE001
+        report.grader_fault(faults, "the exercise table")
+    if seconds is not None:
+        try:
+            report.print_summary(rows, seconds, warning, judged)
+        except Exception:  # noqa: BLE001
+            report.grader_fault(faults, "the console summary")
+
+
+class MergeError(ValueError):
+    """``merge`` refused its parts, or the merged class is incomplete (missing or duplicated rows)."""
 
 
 def merge(parts: list[Path], out: Path, verbose: bool = True) -> list[dict]:
     """Join the output folders of ``grade --shard k/N`` runs into one: grades.csv, exercises.csv
-    and .png and the feedback pages, as one run over the whole class writes them."""
+    and .png and the feedback pages, as one run over the whole class writes them.
+
+    Every part records its shard plan (the class's manifest and its digest) and its k/N: parts
+    of different plans are refused (nothing is written); otherwise the merged files are written
+    and :class:`MergeError` names every student of the plan with no row (a shard not given, or
+    lost) and every row given twice (a part given twice)."""
     release_mod.require_course_extra("merge")
-    rows, seen = [], set()
+    rows, count, shards = [], {}, {}
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    infos = []
     for part in parts:
         part = Path(part)
-        path = part / report.ROWS_FILE
-        if not path.is_file():
-            raise ValueError(f"{part} has no {report.ROWS_FILE}: not the output of `grade`")
-        for r in json.loads(path.read_text(encoding="utf-8")):
-            key = (r["student"], r["assignment"])
-            if key in seen:
-                raise ValueError(f"{part}: {key} was graded by two shards (the same shard twice?)")
-            seen.add(key)
-            rows.append(r)
+        path, info_path = part / report.ROWS_FILE, part / SHARD_FILE
+        if not path.is_file() or not info_path.is_file():
+            raise ValueError(f"{part} has no {report.ROWS_FILE} or {SHARD_FILE}: not the output of `grade`")
+        info = json.loads(info_path.read_text(encoding="utf-8"))
+        if not isinstance(info, dict) or info.get("format") != PLAN_FORMAT:
+            raise ValueError(f"{part}: {SHARD_FILE} is not a shard record of this grader")
+        infos.append((part, info))
+    digests = {info["digest"] for _, info in infos}
+    if len(digests) > 1:
+        raise MergeError("these parts come from another shard plan each (" + ", ".join(
+            f"{p}: shard {i['k']}/{i['n']} of plan {i['digest'][:12]}" for p, i in infos) +
+            "): the class changed between the shards' runs; make one plan (`python -m tfbook.course plan`) "
+            "and pass it to every shard with --plan")
+    manifest = infos[0][1]["plan"]
+    if plan_digest(manifest) != manifest.get("digest"):
+        raise MergeError(f"{infos[0][0]}: its shard plan does not match its digest")
+    problems = []
+    for part, info in infos:
+        if info["k"] in shards:
+            problems.append(f"shard {info['k']}/{info['n']} given twice ({shards[info['k']]} and {part})")
+        shards.setdefault(info["k"], part)
+        for r in json.loads((part / report.ROWS_FILE).read_text(encoding="utf-8")):
+            key = (report.name_id(r["student"]), report.name_id(r["assignment"]))
+            count[key] = count.get(key, 0) + 1
+            if count[key] == 1:
+                rows.append(r)
+    out.mkdir(parents=True, exist_ok=True)
+    for part, _ in infos:
         if (part / "feedback").is_dir() and part.resolve() != out.resolve():
             shutil.copytree(part / "feedback", out / "feedback", dirs_exist_ok=True)
     rows.sort(key=lambda r: (r["student"], r["assignment"]))
     report.write_grades(rows, out)
     report.write_exercise_table(rows, out)
+    planned = {(w[0], w[1]) for w in manifest["work"]}
+    missing = sorted(planned - set(count))
+    twice = sorted(k for k, c in count.items() if c > 1)
+    extra = sorted(set(count) - planned)
+    absent = sorted(set(range(1, manifest["shards"] + 1)) - set(shards))
+    late = sorted({u for _, info in infos for u in info.get("unplanned", [])})
+
+    def names(keys):
+        return ", ".join(f"{report.display_name(os.fsdecode(report.name_bytes(s)))}/"
+                         f"{os.fsdecode(report.name_bytes(a))}" for s, a in keys[:20]) + \
+            (f" and {len(keys) - 20} more" if len(keys) > 20 else "")
+
+    n_shards = manifest["shards"]
+    if absent:
+        problems.append(f"shard(s) {', '.join(f'{k}/{n_shards}' for k in absent)} not given")
+    if missing:
+        problems.append(f"{len(missing)} row(s) of the plan missing: {names(missing)}")
+    if twice:
+        problems.append(f"{len(twice)} row(s) duplicated (graded by two shards: the same part twice?): {names(twice)}")
+    if extra:
+        problems.append(f"{len(extra)} row(s) not in the plan: {names(extra)}")
     if verbose:
         print(f"merged {len(parts)} part(s): {len(rows)} rows in {out / 'grades.csv'}")
+        if late:
+            print(f"not in the shard plan (arrived after it was made; grade them in a new run): "
+                  f"{', '.join(late[:20])}", file=sys.stderr)
+    if problems:
+        raise MergeError("; ".join(problems) + f" (the merged files in {out} are incomplete)")
     return rows
+
+
+# --------------------------------------------------------------------------- shard plans
+
+SHARD_FILE = "shard.json"  # in each part: the plan, its digest, k/N and the submissions not in the plan
+PLAN_FORMAT = "tfbook-shard-plan/1"
+
+
+def plan_digest(manifest: dict) -> str:
+    import hashlib
+
+    body = json.dumps({"shards": manifest["shards"], "work": manifest["work"]}, sort_keys=True)
+    return hashlib.sha256(body.encode("ascii")).hexdigest()
+
+
+def plan_of(found: list, n: int) -> dict:
+    """The shard plan of a class: every row's key (student and assignment as percent-encoded
+    bytes) with its shard, in contiguous parts of the sorted list (so a shard runs few judges)."""
+    keys = [[report.name_id(row.student), report.name_id(row.assignment)] for row, *_ in found]
+    work = [[*key, (i * n) // len(keys) + 1] for i, key in enumerate(keys)] if keys else []
+    manifest = {"format": PLAN_FORMAT, "shards": n, "work": work}
+    manifest["digest"] = plan_digest(manifest)
+    return manifest
+
+
+def make_plan(submissions: Path, notebooks_dir: Path, n: int, path: Path | None = None) -> dict:
+    """``python -m tfbook.course plan``: fix the class and its split into ``n`` shards once,
+    before the shards run (``grade --shard k/N --plan PLAN``); written to ``path``."""
+    if n < 1:
+        raise ValueError("--shards must be at least 1")
+    manifest = plan_of(find_work(Path(submissions), Path(notebooks_dir)), n)
+    if path is not None:
+        Path(path).write_text(json.dumps(manifest, indent=0), encoding="ascii")
+    return manifest
+
+
+def read_plan(path: Path) -> dict:
+    try:
+        manifest = json.loads(Path(path).read_text(encoding="utf-8"))
+        ok = manifest.get("format") == PLAN_FORMAT and plan_digest(manifest) == manifest.get("digest")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        ok = False
+    if not ok:
+        raise ValueError(f"{path} is not a shard plan of this grader (or it was edited: its digest differs)")
+    return manifest
+
+
+def select_shard(found: list, manifest: dict, k: int) -> tuple[list, list[str]]:
+    """(the work of shard ``k``: the plan's rows for it, a "missing" row for each that is no longer
+    in the folder; the display names of submissions found that are not in the plan)."""
+    mine = {(w[0], w[1]) for w in manifest["work"] if w[2] == k}
+    planned = {(w[0], w[1]) for w in manifest["work"]}
+    work, seen, unplanned = [], set(), []
+    for item in found:
+        key = (report.name_id(item[0].student), report.name_id(item[0].assignment))
+        if key in mine:
+            work.append(item)
+            seen.add(key)
+        elif key not in planned:
+            unplanned.append(f"{report.display_name(item[0].student)}/{report.display_name(item[0].assignment)}")
+    for s, a in sorted(mine - seen):
+        row = Row(os.fsdecode(report.name_bytes(s)), os.fsdecode(report.name_bytes(a)), status="missing",
+                  reason="in the shard plan, but no longer in the submissions folder")
+        work.append((row, None, "", None))
+    return work, unplanned
 
 
 # --------------------------------------------------------------------------- check (students)

@@ -228,10 +228,12 @@ class _Recorder:
 
 def to_native(x):
     """Decoded wire data with tensors turned back into torch tensors."""
-    from tfbook.course.wire import Tensor
+    from tfbook.course.wire import DictOf, SetOf, Tensor
 
     if isinstance(x, Tensor):
         return x.to_torch()
+    if isinstance(x, (SetOf, DictOf)):  # hashed here, in the judge (its CPU time is limited), never in the grader
+        return x.build(to_native)
     if isinstance(x, tuple):
         return tuple(to_native(i) for i in x)
     if isinstance(x, list):
@@ -257,10 +259,42 @@ def lower_precision(value, skeleton) -> tuple[str, str] | None:
         return None
     if not isinstance(skeleton, str) or skeleton not in _PRECISION:
         return None
-    have = str(getattr(value, "dtype", "")).replace("torch.", "")
+    have = _dtype_as_checked(value)
     if have in _PRECISION and _PRECISION[have] < _PRECISION[skeleton]:
         return have, skeleton
     return None
+
+
+def _dtype_as_checked(value, depth: int = 0) -> str:
+    """The floating dtype a check sees in ``value``, whatever holds it: an array's or tensor's
+    own; a list or tuple (nested) as ``np.asarray`` makes it (float16 rows in a list are a
+    float16 array to the check), or, where that fails (ragged, tensors inside), its least
+    precise item. '' where there is none."""
+    from tfbook.course.wire import Tensor
+
+    if depth > 8:
+        return ""
+    if isinstance(value, Tensor):
+        return value.dtype
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None:
+        return str(dtype).replace("torch.", "")
+    if isinstance(value, float):
+        return "float64"
+    if isinstance(value, (list, tuple)) and value:
+        try:
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                arr = np.asarray(value)
+            if arr.dtype.kind in "fc":
+                return str(arr.dtype)
+        except (ValueError, TypeError, OverflowError):
+            pass
+        found = [d for d in (_dtype_as_checked(v, depth + 1) for v in value) if d in _PRECISION]
+        return min(found, key=_PRECISION.get) if found else ""
+    return ""
 
 
 class _Replayer:
@@ -271,8 +305,9 @@ class _Replayer:
     the hidden phase. Changes the student's function made to its arguments in place are
     written into the replay's arguments."""
 
-    def __init__(self, name, log, results, visible=None, failure=None):
+    def __init__(self, name, log, results, visible=None, failure=None, changed=None):
         self.name, self.log, self.results, self.k, self.failure = name, log, results, 0, failure
+        self.changed = [] if changed is None else changed  # the names whose calls changed an input in place
         self.visible = {}
         for d, r in (visible or []):
             self.visible.setdefault(d, []).append(r)
@@ -285,6 +320,10 @@ class _Replayer:
             raise GraderError(f"{self.name} called more often than when the cases were recorded")
         blob, want, part, skeleton = self.log[k]
         if digest(args, kwargs) != want:
+            if self.changed:  # an earlier call changed the array the test passes again: the student's doing
+                raise StudentFailure(
+                    f"{self.changed[0]} changed its input in place, so the test's next call got the changed "
+                    "array instead of the one the test made: return a new array and leave the input as it was")
             raise GraderError(f"call {k + 1} of {self.name} got other inputs than recorded "
                               "(the test is not deterministic?)")
         if self.failure is not None:
@@ -304,6 +343,7 @@ class _Replayer:
             raise StudentFailure(_failure_text(self.name, value))
         extra = r[2] if len(r) > 2 and isinstance(r[2], dict) else {}
         if extra.get("changes"):
+            self.changed.append(self.name)
             try:
                 apply_changes(args, kwargs, extra["changes"])
             except Undecodable:
@@ -507,13 +547,15 @@ class Judge:
                 out[gid] = {"passed": False, "part": "visible", "out": "",
                             "diagnosis": "visible checks: " + _failure_text(*unusable[0])}
                 continue
+            changed: list = []
             for name, mode in test.names:
                 if mode == "call":
                     got = results.get(gid, {}).get(name, {})
                     seen = (visible or {}).get(gid, {}).get(name, [])
                     fail = values.get(gid, {}).get(name)
                     ns[name] = _Replayer(name, self.logs[gid][name], got, seen,
-                                         failure=fail[1] if fail is not None and not fail[0] else None)
+                                         failure=fail[1] if fail is not None and not fail[0] else None,
+                                         changed=changed)
                 else:
                     v = values.get(gid, {}).get(name)
                     if v is None or not v[0]:

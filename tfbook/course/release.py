@@ -26,7 +26,7 @@ CONFIG = ROOT / "course" / "nbgrader_config.py"
 SOLUTION_BEGIN, SOLUTION_END = "### BEGIN SOLUTION", "### END SOLUTION"
 HIDDEN_BEGIN, HIDDEN_END = "BEGIN HIDDEN TESTS", "END HIDDEN TESTS"
 HIDDEN_PLACEHOLDER = "# (hidden tests: not shown)"
-CSV_FIELDS = ["student", "assignment", "score", "max_score", "status", "reason"]
+CSV_FIELDS = ["student", "assignment", "score", "max_score", "status", "reason", "student_id"]
 _CHAPTER = re.compile(r"^(\d\d|[A-Z])_[a-z0-9_]+$")
 _MIN_SECRET = 8  # shorter lines ("))", "else:") are too common to count as leaks
 

@@ -104,6 +104,88 @@ def install_bwrap() -> bool:
     return bool(bwrap_path())
 
 
+VENV_INSIDE = "/opt/tfbook/venv"  # where the virtual environment appears in the sandbox
+SRC_INSIDE = "/opt/tfbook/src"  # the package, at SRC_INSIDE/tfbook, where it is not in the venv
+
+
+def _inside(path: Path) -> str:
+    """Where a host path bound read-only appears in the sandbox: the venv and the package at
+    neutral paths (the student's code never learns where the checkout is), anything else
+    (the system's Python) where it is."""
+    path = Path(path)
+    venv = Path(sys.prefix).resolve()
+    if venv != Path(sys.base_prefix).resolve() and (path == venv or venv in path.parents):
+        return VENV_INSIDE + str(path)[len(str(venv)):]
+    if path == PACKAGE or PACKAGE in path.parents:
+        return f"{SRC_INSIDE}/{PACKAGE.name}" + str(path)[len(str(PACKAGE)):]
+    return str(path)
+
+
+def python_inside() -> str:
+    """This Python's executable as the sandbox sees it (through the venv's neutral path)."""
+    exe = Path(sys.executable)
+    venv = Path(sys.prefix)
+    if sys.prefix != sys.base_prefix and venv in exe.parents:
+        return VENV_INSIDE + str(exe)[len(str(venv)):]
+    return str(exe)
+
+
+@lru_cache(maxsize=1)
+def _blanked() -> tuple[str, ...]:
+    """Files of the venv that would tell the sandbox where the checkout is (an editable install's
+    path hook and its .pth, its direct_url.json), as the sandbox sees them: each is covered by
+    an empty file (the package is found on PYTHONPATH instead)."""
+    checkout = str(PACKAGE.parent)
+    if sys.prefix == sys.base_prefix:
+        return ()
+    found, modules = [], []
+    for site in Path(sys.prefix).glob("lib/python3*/site-packages"):
+        candidates = [*site.glob("*.py"), *site.glob("*.dist-info/direct_url.json"), *site.glob("*.egg-link")]
+        for f in candidates:
+            try:
+                if checkout in f.read_text(encoding="utf-8", errors="replace"):
+                    found.append(f)
+                    if f.suffix == ".py":
+                        modules.append(f.stem)
+            except OSError:
+                continue
+        for f in site.glob("*.pth"):
+            try:
+                text = f.read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                continue
+            if checkout in text or any(m in text for m in modules):
+                found.append(f)
+    return tuple(_inside(f.resolve()) if f.resolve().is_relative_to(Path(sys.prefix).resolve())
+                 else _inside(f) for f in found)
+
+
+@lru_cache(maxsize=1)
+def _font_cache_dir() -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="tfbook-fontcache-")
+
+
+def sandbox_font_caches() -> list[Path]:
+    """matplotlib's font caches with the venv's paths as the sandbox sees them (a cache naming
+    fonts that are not there would be rebuilt, seconds in every sandbox)."""
+    out = []
+    venv = str(Path(sys.prefix))
+    for f in font_caches():
+        dest = Path(_font_cache_dir()) / f.name
+        if not dest.exists():
+            text = f.read_text(encoding="utf-8", errors="replace")
+            if sys.prefix != sys.base_prefix:
+                text = text.replace(venv + "/", VENV_INSIDE + "/")
+            tmp = dest.with_suffix(".tmp")
+            tmp.write_text(text, encoding="utf-8")
+            os.chmod(tmp, 0o644)
+            tmp.replace(dest)
+        out.append(dest)
+    return out
+
+
 def _read_only_paths() -> list[Path]:
     paths = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(),
              Path(sys.executable).resolve().parent.parent, PACKAGE}
@@ -159,13 +241,16 @@ def bwrap_command(files: dict[str, Path], argv: list[str], limits: Limits | None
     for p in _read_only_paths():
         if any(str(p) == b or str(p).startswith(b + "/") for b in bound):
             continue
-        for parent in reversed(p.parents):
+        inside = Path(_inside(p))
+        for parent in reversed(inside.parents):
             if str(parent) not in made:
                 cmd += ["--perms", "0755", "--dir", str(parent)]
                 made.add(str(parent))
-        cmd += ["--ro-bind", str(p), str(p)]
-        made.add(str(p))
+        cmd += ["--ro-bind", str(p), str(inside)]
+        made.add(str(inside))
         bound.append(str(p))
+    for f in _blanked():
+        cmd += ["--ro-bind", "/dev/null", f]
     cmd += ["--perms", "1777", "--size", str(limits.scratch_bytes), "--tmpfs", INSIDE]
     for rel in sorted(files):
         parent = str(Path(INSIDE, rel).parent)
@@ -182,7 +267,11 @@ def bwrap_command(files: dict[str, Path], argv: list[str], limits: Limits | None
                 "--setenv", "TFBOOK_SANDBOX_UID", str(uid)]
     else:
         cmd += ["--unshare-user"]
-    for k, v in environment(INSIDE).items():
+    env = environment(INSIDE)
+    env["PATH"] = f"{Path(python_inside()).parent}:/usr/local/bin:/usr/bin:/bin"
+    if _inside(PACKAGE).startswith(SRC_INSIDE):
+        env["PYTHONPATH"] = SRC_INSIDE
+    for k, v in env.items():
         cmd += ["--setenv", k, v]
     return cmd + ["--"] + argv
 

@@ -10,6 +10,12 @@ cannot be encoded: :class:`Unencodable` names its type.
 The grader reads that JSON with :func:`decode`, which trusts nothing: a depth limit, a
 size limit, ``np.load(..., allow_pickle=False)`` (so no object arrays and no pickles)
 and a list of torch dtypes. No student bytes are ever unpickled by the grader.
+
+Decoding costs time linear in the message's size: no set or dict is built from the data here
+(integers that all hash alike would make that quadratic, and the grader's own process would
+pay); sets and dicts come out as :class:`SetOf` and :class:`DictOf`, plain lists of their
+items, bounded in number (``MAX_HASHED``), which the judge (a separate process whose CPU time
+is limited) turns into sets and dicts.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import numpy as np
 MAX_DEPTH = 16
 MAX_STR = 10_000
 MAX_BYTES = 32 * 2**20  # all arrays of one value together
+MAX_HASHED = 4096  # items of all the sets and dicts in one value together (their hashing: the judge's)
 TORCH_DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32", "int16", "int8",
                 "uint8", "bool", "complex64", "complex128")
 
@@ -54,6 +61,31 @@ class Tensor:
 
         t = torch.from_numpy(np.array(self.array, copy=True))
         return t.to(getattr(torch, self.dtype))
+
+
+class SetOf:
+    """A set (or frozenset) as the grader receives it: its items, in a list (no hashing here)."""
+
+    __slots__ = ("items", "frozen")
+
+    def __init__(self, items: list, frozen: bool = False):
+        self.items, self.frozen = items, frozen
+
+    def build(self, native=lambda x: x):
+        items = [native(i) for i in self.items]
+        return frozenset(items) if self.frozen else set(items)
+
+
+class DictOf:
+    """A dict as the grader receives it: its (key, value) pairs, in a list (no hashing here)."""
+
+    __slots__ = ("pairs",)
+
+    def __init__(self, pairs: list):
+        self.pairs = pairs
+
+    def build(self, native=lambda x: x) -> dict:
+        return {native(k): native(v) for k, v in self.pairs}
 
 
 def safe_type_name(x) -> str:
@@ -150,8 +182,10 @@ def _load_npy(s) -> np.ndarray:
     return arr
 
 
-def decode(d, _depth: int = 0):
-    """The value that :func:`encode` encoded; raises :class:`Undecodable` on anything else."""
+def decode(d, _depth: int = 0, _hashed: list | None = None):
+    """The value that :func:`encode` encoded, sets and dicts as :class:`SetOf` and
+    :class:`DictOf`; raises :class:`Undecodable` on anything else. Linear time: nothing hashed."""
+    hashed = [MAX_HASHED] if _hashed is None else _hashed
     if _depth > MAX_DEPTH + 1 or not isinstance(d, dict):
         raise Undecodable("not an encoded value")
     t, v = d.get("t"), d.get("v")
@@ -168,24 +202,29 @@ def decode(d, _depth: int = 0):
     if t == "str" and isinstance(v, str) and len(v) <= MAX_STR:
         return v
     if t in ("tuple", "list") and isinstance(v, list):
-        items = [decode(i, _depth + 1) for i in v]
+        items = [decode(i, _depth + 1, hashed) for i in v]
         return tuple(items) if t == "tuple" else items
     if t in ("set", "frozenset") and isinstance(v, list):
-        items = [decode(i, _depth + 1) for i in v]
-        try:
-            return set(items) if t == "set" else frozenset(items)
-        except TypeError:
-            raise Undecodable("unhashable set items") from None
+        hashed[0] -= len(v)
+        if hashed[0] < 0:
+            raise Undecodable(f"sets and dicts of more than {MAX_HASHED} items")
+        items = [decode(i, _depth + 1, hashed) for i in v]
+        if not all(_hashable(i) for i in items):
+            raise Undecodable("unhashable set items")
+        return SetOf(items, frozen=t == "frozenset")
     if t == "dict" and isinstance(v, list):
-        out = {}
+        hashed[0] -= len(v)
+        if hashed[0] < 0:
+            raise Undecodable(f"sets and dicts of more than {MAX_HASHED} items")
+        pairs = []
         for pair in v:
             if not isinstance(pair, list) or len(pair) != 2:
                 raise Undecodable("bad dict")
-            k = decode(pair[0], _depth + 1)
-            if not isinstance(k, (str, int)):
+            k = decode(pair[0], _depth + 1, hashed)
+            if not isinstance(k, (str, int)) or isinstance(k, bool):
                 raise Undecodable("bad dict key")
-            out[k] = decode(pair[1], _depth + 1)
-        return out
+            pairs.append((k, decode(pair[1], _depth + 1, hashed)))
+        return DictOf(pairs)
     if t == "ndarray":
         return _load_npy(d.get("npy"))
     if t == "scalar":
@@ -196,6 +235,17 @@ def decode(d, _depth: int = 0):
     if t == "tensor" and d.get("dtype") in TORCH_DTYPES:
         return Tensor(_load_npy(d.get("npy")), d["dtype"])
     raise Undecodable(f"unknown kind {str(t)[:20]!r}")
+
+
+def _hashable(x, depth: int = 0) -> bool:
+    """Whether a decoded tuple could be a set item (its items are; no hashing done here)."""
+    if depth > MAX_DEPTH + 1:
+        return False
+    if isinstance(x, tuple):
+        return all(_hashable(i, depth + 1) for i in x)
+    if isinstance(x, SetOf):
+        return x.frozen and all(_hashable(i, depth + 1) for i in x.items)
+    return not isinstance(x, (list, dict, DictOf, np.ndarray, Tensor))
 
 
 def finite_float(x) -> bool:
