@@ -28,8 +28,9 @@ training batches are drawn fresh each step and any held-out sequence is rejected
 This is an experiment: :func:`run` trains the three variants with 3 seeds each (about a minute of
 CPU per model on an idle core, too much for a chapter), and the command ships the measured
 result (``duplicates_results.json``: test accuracy of every run, computed in float64 from the
-float16 weights) and the seed-0 weights of each variant (``duplicates_cls.pt``,
-``duplicates_mean.pt``, ``duplicates_set.pt``), which the chapter evaluates live::
+float16 weights), the seed-0 weights of each variant (``duplicates_cls.pt``,
+``duplicates_mean.pt``, ``duplicates_set.pt``) and the float16 weights of seeds 1 and 2 of every
+variant (``duplicates_seeds.pt``, :func:`load_seed`), which the chapters evaluate live::
 
     python -m tfbook.tasks.duplicates            # or --out DIR
 """
@@ -37,7 +38,7 @@ float16 weights) and the seed-0 weights of each variant (``duplicates_cls.pt``,
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -47,11 +48,11 @@ from torch import nn
 from ..torch.modules import EncoderBlock, LayerNorm
 from ..torch.training import History
 from ..torch.training import train as train_loop
-from ._common import Splits, cli, load_json, load_model, pick, save_model, shipped, write_json
+from ._common import Splits, cli, load_blob, load_json, load_model, load_state, pick, save_model, shipped, write_json
 
 __all__ = ["N_LETTERS", "T", "CLS", "POOLINGS", "VARIANTS", "SEEDS", "RECIPE", "ARTIFACTS", "PoolingConfig",
            "PoolingEncoder", "sample", "data", "config", "make_model", "train", "accuracy", "evaluate",
-           "load_pretrained", "load_results", "save", "run", "main", "letters"]
+           "load_pretrained", "load_results", "save", "run", "main", "letters", "SEEDS_FILE", "load_seed"]
 
 N_LETTERS, T = 16, 8
 CLS = N_LETTERS  # the class token's id (only the "cls" model uses it)
@@ -61,7 +62,10 @@ VARIANTS = {"cls": ("cls", True), "mean": ("mean", True), "set": ("mean", False)
 SEEDS = (0, 1, 2)
 RECIPE = dict(steps=1500, batch_size=128, lr=3e-3, hold=0.6, grad_clip=1.0,
               n_validation=2000, n_test=2000)
-ARTIFACTS = ("duplicates_results.json",) + tuple(f"duplicates_{v}.pt" for v in VARIANTS)
+#: the float16 weights of every run with a seed other than 0: ``{"config": {variant: ...},
+#: "state_dicts": {"<variant>/<seed>": ...}}``
+SEEDS_FILE = "duplicates_seeds.pt"
+ARTIFACTS = ("duplicates_results.json",) + tuple(f"duplicates_{v}.pt" for v in VARIANTS) + (SEEDS_FILE,)
 
 
 @dataclass
@@ -203,11 +207,12 @@ def _rounded(model: PoolingEncoder) -> PoolingEncoder:
 
 
 def run(seeds=SEEDS, steps: int | None = None, disable: bool = True, variants=tuple(VARIANTS),
-        result: dict | None = None) -> tuple[dict, dict]:
+        result: dict | None = None, all_models: dict | None = None) -> tuple[dict, dict]:
     """Train every variant with every seed. Returns ``(result, models)``: ``result[variant]``
     holds per-seed lists ``test`` (float64 accuracy of the float16-rounded weights),
     ``validation`` (best) and ``best_step``; ``models[variant]`` the seed-0 model and history.
-    ``result``: a result to add the variants to."""
+    ``result``: a result to add the variants to; ``all_models``, a dict, receives every rounded
+    model under ``(variant, seed)``."""
     if result is None:
         result = {"recipe": dict(RECIPE, steps=steps or RECIPE["steps"]), "seeds": list(seeds)}
     models = {}
@@ -221,6 +226,8 @@ def run(seeds=SEEDS, steps: int | None = None, disable: bool = True, variants=tu
             rec["best_step"].append(hist.best_step)
             if s == seeds[0]:
                 models[pooling] = (model, hist)
+            if all_models is not None:
+                all_models[(pooling, s)] = model
         result[pooling] = rec
     return result, models
 
@@ -233,15 +240,41 @@ def load_pretrained(variant: str = "cls", folder=None) -> tuple[PoolingEncoder, 
     return load_model(shipped(name, folder), PoolingEncoder, PoolingConfig)
 
 
+def load_seed(variant: str = "cls", seed: int = 0, folder=None) -> PoolingEncoder:
+    """The shipped model of ``variant`` trained with ``seed`` (float32 from float16, eval mode):
+    seed 0 is :func:`load_pretrained`'s, seeds 1 and 2 come from :data:`SEEDS_FILE`."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {tuple(VARIANTS)}, got {variant!r}")
+    if seed not in SEEDS:
+        raise ValueError(f"seed must be one of {SEEDS}, got {seed!r}")
+    if seed == 0:
+        return load_pretrained(variant, folder)[0]
+    blob = load_blob(shipped(SEEDS_FILE, folder))
+    return load_state(PoolingEncoder(PoolingConfig(**blob["config"][variant])), blob["state_dicts"][f"{variant}/{seed}"])
+
+
+def save_seeds(all_models: dict, folder) -> Path:
+    """Write the float16 weights of every ``(variant, seed) -> model`` with a seed other than 0
+    to :data:`SEEDS_FILE` in ``folder``."""
+    path = Path(folder) / SEEDS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"config": {v: asdict(m.config) for (v, _), m in all_models.items()},
+                "state_dicts": {f"{v}/{s}": {k: t.detach().half().clone() for k, t in m.state_dict().items()}
+                                for (v, s), m in all_models.items() if s != 0}}, path)
+    return path
+
+
 def load_results(folder=None) -> dict:
     """The shipped result of :func:`run` (``duplicates_results.json``)."""
     return load_json(ARTIFACTS[0], folder)
 
 
-def save(result: dict, models: dict, folder) -> list:
+def save(result: dict, models: dict, folder, all_models: dict | None = None) -> list:
     out = [write_json(Path(folder) / ARTIFACTS[0], result)]
     for pooling, (model, hist) in models.items():
         out.append(save_model(Path(folder) / f"duplicates_{pooling}.pt", model, hist))
+    if all_models:
+        out.append(save_seeds(all_models, folder))
     return out
 
 
@@ -252,10 +285,11 @@ def letters(ids) -> str:
 
 def main(argv=None) -> None:  # pragma: no cover - writes the shipped artifacts
     def go(out, args):
-        result, models = run(disable=False)
+        all_models = {}
+        result, models = run(disable=False, all_models=all_models)
         for p in VARIANTS:
             print(p, "test", result[p]["test"], "best step", result[p]["best_step"])
-        print(save(result, models, out))
+        print(save(result, models, out, all_models))
 
     cli(__doc__, go, argv=argv)
 
