@@ -53,3 +53,14 @@ def test_bad_input():
         lk.load_pretrained(3)
     with pytest.raises(ValueError, match="task"):
         lk.data("five")
+
+
+@pytest.mark.parametrize("task", list(lk.TASKS))
+def test_shipped_other_runs_give_recorded_accuracy(task):
+    # lookups_seeds.pt: the 15 runs besides the four-key seed-0 models, which chapter 5 evaluates
+    res = lk.load_results()
+    for H in lk.HEADS:
+        for seed in lk.SEEDS:
+            assert abs(lk.evaluate(lk.load_seed(task, H, seed)) - res[task][str(H)]["test"][seed]) <= 1 / 2000, (H, seed)
+    with pytest.raises(ValueError, match="seed"):
+        lk.load_seed(task, 1, 7)

@@ -21,7 +21,8 @@ Splits as in :mod:`tfbook.tasks.retrieval`: fixed validation and test sets of 2,
 validation. :func:`run` trains every (task, H) with 3 seeds; a model takes about 30 s of CPU on
 an idle core, so the command ships the measured result (``lookups_results.json``: the test
 accuracy, every queried value right, of each run; computed in float64 from the float16-rounded
-weights) and the seed-0 weights of the four-key models (``lookups_four_h*.pt``)::
+weights), the seed-0 weights of the four-key models (``lookups_four_h*.pt``) and the float16
+weights of the other 15 runs (``lookups_seeds.pt``; :func:`load_seed` loads any of the 18)::
 
     python -m tfbook.tasks.lookups            # or --out DIR
 """
@@ -29,7 +30,7 @@ weights) and the seed-0 weights of the four-key models (``lookups_four_h*.pt``):
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -39,11 +40,11 @@ from torch import nn
 from ..torch.modules import EncoderBlock, LayerNorm
 from ..torch.training import History
 from ..torch.training import train as train_loop
-from ._common import Splits, cli, load_json, load_model, pick, save_model, shipped, write_json
+from ._common import Splits, cli, load_blob, load_json, load_model, load_state, pick, save_model, shipped, write_json
 
 __all__ = ["TASKS", "HEADS", "SEEDS", "RECIPE", "ARTIFACTS", "LookupConfig", "LookupEncoder", "sample",
            "data", "make_model", "train", "accuracy", "evaluate", "run", "load_pretrained",
-           "load_results", "save", "main", "param_count"]
+           "load_results", "save", "main", "param_count", "SEEDS_FILE", "load_seed", "save_seeds"]
 
 N_VALUES = 8
 #: task -> (slots, distinct keys, queried keys)
@@ -52,7 +53,10 @@ HEADS = (1, 2, 4)
 SEEDS = (0, 1, 2)
 RECIPE = dict(steps=1500, batch_size=128, lr=3e-3, hold=0.6, grad_clip=1.0, n_validation=2000,
               n_test=2000)
-ARTIFACTS = ("lookups_results.json",) + tuple(f"lookups_four_h{h}.pt" for h in HEADS)
+#: the float16 weights of every run but the three four-key seed-0 ones: ``{"configs": {"<task>/<H>": ...},
+#: "state_dicts": {"<task>/<H>/<seed>": ...}}``
+SEEDS_FILE = "lookups_seeds.pt"
+ARTIFACTS = ("lookups_results.json",) + tuple(f"lookups_four_h{h}.pt" for h in HEADS) + (SEEDS_FILE,)
 
 
 @dataclass
@@ -177,9 +181,11 @@ def _rounded(model):
     return m.eval()
 
 
-def run(seeds=SEEDS, steps=None, disable=True, partial=None, tasks=("four", "two")) -> tuple[dict, dict]:
+def run(seeds=SEEDS, steps=None, disable=True, partial=None, tasks=("four", "two"),
+        all_models: dict | None = None) -> tuple[dict, dict]:
     """Every task, every ``H`` in :data:`HEADS`, every seed. ``result[task][str(H)]`` holds
-    per-seed lists ``test``, ``validation`` and ``best_step``; also ``params[str(H)]``."""
+    per-seed lists ``test``, ``validation`` and ``best_step``; also ``params[str(H)]``.
+    ``all_models``, a dict, receives every rounded model under ``(task, H, seed)``."""
     result = {"recipe": dict(RECIPE, steps=steps or RECIPE["steps"]), "seeds": list(seeds), "params": {}}
     models = {}
     for task in tasks:
@@ -195,6 +201,8 @@ def run(seeds=SEEDS, steps=None, disable=True, partial=None, tasks=("four", "two
                 result["params"][f"{task}-{H}"] = param_count(model)
                 if task == "four" and s == seeds[0]:
                     models[H] = (model, hist)
+                if all_models is not None:
+                    all_models[(task, H, s)] = model
                 print(task, H, s, rec["test"][-1], flush=True)
                 result[task][str(H)] = rec
                 if partial is not None:  # the runs so far, in case the command is stopped
@@ -210,21 +218,53 @@ def load_pretrained(num_heads: int = 1, folder=None) -> tuple[LookupEncoder, His
     return load_model(shipped(name, folder), LookupEncoder, LookupConfig)
 
 
+def load_seed(task: str = "four", num_heads: int = 1, seed: int = 0, folder=None) -> LookupEncoder:
+    """The shipped model of ``task`` with ``num_heads`` heads trained with ``seed`` (float32 from
+    float16, eval mode): the four-key seed-0 models are :func:`load_pretrained`'s, the others
+    come from :data:`SEEDS_FILE`."""
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {tuple(TASKS)}, got {task!r}")
+    if num_heads not in HEADS:
+        raise ValueError(f"num_heads must be one of {HEADS}, got {num_heads!r}")
+    if seed not in SEEDS:
+        raise ValueError(f"seed must be one of {SEEDS}, got {seed!r}")
+    if task == "four" and seed == 0:
+        return load_pretrained(num_heads, folder)[0]
+    blob = load_blob(shipped(SEEDS_FILE, folder))
+    model = LookupEncoder(LookupConfig(**blob["configs"][f"{task}/{num_heads}"]))
+    return load_state(model, blob["state_dicts"][f"{task}/{num_heads}/{seed}"])
+
+
+def save_seeds(all_models: dict, folder) -> Path:
+    """Write the float16 weights of every ``(task, H, seed) -> model`` but the four-key seed-0
+    ones to :data:`SEEDS_FILE` in ``folder``."""
+    path = Path(folder) / SEEDS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    keep = {k: m for k, m in all_models.items() if not (k[0] == "four" and k[2] == 0)}
+    torch.save({"configs": {f"{t}/{h}": asdict(m.config) for (t, h, _), m in keep.items()},
+                "state_dicts": {f"{t}/{h}/{s}": {k: v.detach().half().clone() for k, v in m.state_dict().items()}
+                                for (t, h, s), m in keep.items()}}, path)
+    return path
+
+
 def load_results(folder=None) -> dict:
     return load_json(ARTIFACTS[0], folder)
 
 
-def save(result, models, folder) -> list:
+def save(result, models, folder, all_models: dict | None = None) -> list:
     out = [write_json(Path(folder) / ARTIFACTS[0], result)]
     for H, (model, hist) in models.items():
         out.append(save_model(Path(folder) / f"lookups_four_h{H}.pt", model, hist))
+    if all_models:
+        out.append(save_seeds(all_models, folder))
     return out
 
 
 def main(argv=None) -> None:  # pragma: no cover - writes the shipped artifacts
     def go(out, args):
-        result, models = run(disable=True, partial=Path(out) / "lookups_partial.json")
-        print(save(result, models, out))
+        all_models = {}
+        result, models = run(disable=True, partial=Path(out) / "lookups_partial.json", all_models=all_models)
+        print(save(result, models, out, all_models))
 
     cli(__doc__, go, argv=argv)
 
