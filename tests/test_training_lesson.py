@@ -72,3 +72,31 @@ def test_regeneration_of_two_runs(tmp_path):
         ref = shipped[(run["variant"], 0)]
         # the first 100 steps (10 blocks): float32 round-off has not grown yet
         np.testing.assert_allclose(run["loss"][:10], ref["loss"][:10], atol=2e-2)
+
+
+def test_shipped_weights_give_the_recorded_results():
+    # training_ablation_weights.pt: the final weights of the 20 runs (float16), which chapter 10
+    # evaluates on the validation split; the record was measured in float32 before rounding
+    import torch
+
+    from tfbook.tasks import addition as A
+    from tfbook.torch.models import lm_loss
+
+    models = O.load_ablation_models()
+    r = O.ABLATION_RECIPE
+    val = O.data().validation
+    prompt = 2 * r["digits"] + 2
+    x, y = A.answer_targets(val, prompt)
+    assert len(models) == len(O.ABLATION_VARIANTS) * len(r["seeds"])
+    for rec in O.load_ablation()["runs"]:
+        m = models[(rec["variant"], rec["seed"])].double()
+        with torch.no_grad():
+            assert abs(float(lm_loss(m, x, y)) - rec["val_loss"]) < 1e-3
+            assert abs(float(A.exact_match(m, val, prompt).double().mean()) - rec["val_exact_match"]) <= 3 / 500
+            assert abs(float(torch.sqrt(sum((p ** 2).sum() for p in m.parameters()))) - rec["weight_norm"]) < 1e-2
+
+
+def test_regeneration_returns_the_models():
+    models = {}
+    run = O.ablation_run("full", 0, dict(steps=20, warmup=5), models)
+    assert set(models) == {("full", 0)} and run["weight_norm"] > 0

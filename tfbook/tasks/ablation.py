@@ -6,8 +6,9 @@ Two-digit addition (:mod:`tfbook.tasks.addition` with ``digits=2``), a small Pre
 (:data:`ABLATION_VARIANTS`) drops one, five seeds each. Every run records its training losses,
 its gradient norms before clipping, its validation answer cross-entropy and exact-match rate
 and its final weight norm (:func:`ablation_run`). The 20 runs take minutes, so the result ships,
-compressed to one point per 10 steps, in ``tfbook/weights/training_ablation.json``; regenerate
-it with::
+compressed to one point per 10 steps, in ``tfbook/weights/training_ablation.json``, with the
+final weights of all 20 runs in float16 (``training_ablation_weights.pt``, :func:`load_ablation_models`),
+which the chapter evaluates on the validation split; regenerate both with::
 
     python -m tfbook.tasks.ablation            # or --out DIR
 
@@ -20,6 +21,7 @@ home of these functions, ``tfbook.torch.optim``, still gives them.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +34,8 @@ from ._common import cli
 
 __all__ = ["RECIPE", "ARTIFACTS", "data", "config", "train", "load_pretrained", "save", "main",
            "ABLATION_RECIPE", "ABLATION_VARIANTS", "ABLATION_FILE", "ABLATION_BLOCK", "ablation_run",
-           "ablation_experiment", "compress_ablation", "load_ablation"]
+           "ablation_experiment", "compress_ablation", "load_ablation", "ABLATION_WEIGHTS", "save_ablation_models",
+           "load_ablation_models"]
 
 #: the ablation's recipe: two-digit addition (tfbook.tasks.addition with digits=2), a small
 #: Pre-LN DecoderLM, AdamW; ``full`` uses all three knobs, each other variant drops one
@@ -41,6 +44,8 @@ ABLATION_RECIPE = dict(digits=2, n_train=8000, n_validation=500, n_test=500, d_m
                        grad_clip=1.0, weight_decay=0.1, seeds=(0, 1, 2, 3, 4))
 ABLATION_VARIANTS = ("full", "no warm-up", "no clipping", "no weight decay")
 ABLATION_FILE = "training_ablation.json"
+#: the final weights of every run, float16: ``{"config": ..., "state_dicts": {"<variant>/<seed>": ...}}``
+ABLATION_WEIGHTS = "training_ablation_weights.pt"
 
 
 def _ablation_knobs(variant: str, r: dict) -> dict:
@@ -51,10 +56,11 @@ def _ablation_knobs(variant: str, r: dict) -> dict:
                 weight_decay=0.0 if variant == "no weight decay" else r["weight_decay"])
 
 
-def ablation_run(variant: str, seed: int, recipe: dict | None = None) -> dict:
+def ablation_run(variant: str, seed: int, recipe: dict | None = None, models: dict | None = None) -> dict:
     """Train one variant with one seed; return its training losses, its gradient norms before
     clipping, and on the validation split its answer cross-entropy and exact-match rate,
-    plus the final weight norm. One thread, deterministic algorithms."""
+    plus the final weight norm. One thread, deterministic algorithms. ``models``, a dict,
+    receives the trained model under ``(variant, seed)``."""
     r = dict(ABLATION_RECIPE, **(recipe or {}))
     knobs = _ablation_knobs(variant, r)
     splits = data(r)
@@ -86,6 +92,8 @@ def ablation_run(variant: str, seed: int, recipe: dict | None = None) -> dict:
         for h in hooks:
             h.remove()
     grad_norms = [s ** 0.5 for s in squares]
+    if models is not None:
+        models[(variant, seed)] = model.eval()
     with torch.no_grad():
         val_loss = float(lm_loss(model, x_val, y_val))
         em = float(A.exact_match(model, splits.validation, prompt).double().mean())
@@ -94,10 +102,11 @@ def ablation_run(variant: str, seed: int, recipe: dict | None = None) -> dict:
                 val_exact_match=em, weight_norm=w_norm)
 
 
-def ablation_experiment(recipe: dict | None = None) -> dict:
-    """Every variant with every seed: ``{"recipe": ..., "runs": [ablation_run(...), ...]}``."""
+def ablation_experiment(recipe: dict | None = None, models: dict | None = None) -> dict:
+    """Every variant with every seed: ``{"recipe": ..., "runs": [ablation_run(...), ...]}``;
+    ``models``, a dict, receives every trained model under ``(variant, seed)``."""
     r = dict(ABLATION_RECIPE, **(recipe or {}))
-    runs = [ablation_run(v, s, r) for v in ABLATION_VARIANTS for s in r["seeds"]]
+    runs = [ablation_run(v, s, r, models) for v in ABLATION_VARIANTS for s in r["seeds"]]
     return {"recipe": {k: list(v) if isinstance(v, tuple) else v for k, v in r.items()}, "runs": runs}
 
 
@@ -122,12 +131,40 @@ def load_ablation(path=None) -> dict:
     return json.loads(path.read_text())
 
 
+def save_ablation_models(models: dict, folder) -> Path:
+    """Write the float16 weights of every ``(variant, seed) -> model`` to :data:`ABLATION_WEIGHTS`
+    in ``folder`` (one config: every run trains the same model)."""
+    path = Path(folder) / ABLATION_WEIGHTS
+    path.parent.mkdir(parents=True, exist_ok=True)
+    configs = {json.dumps(asdict(m.config), sort_keys=True) for m in models.values()}
+    if len(configs) != 1:
+        raise ValueError(f"every run must train the same model, got {len(configs)} configs")
+    torch.save({"config": json.loads(configs.pop()),
+                "state_dicts": {f"{v}/{s}": {k: t.detach().half().clone() for k, t in m.state_dict().items()}
+                                for (v, s), m in models.items()}}, path)
+    return path
+
+
+def load_ablation_models(path=None) -> dict:
+    """The shipped final weights of every run (:data:`ABLATION_WEIGHTS`): ``(variant, seed) ->``
+    :class:`~tfbook.torch.models.DecoderLM`, float32 from float16, eval mode."""
+    path = Path(__file__).resolve().parents[1] / "weights" / ABLATION_WEIGHTS if path is None else Path(path)
+    blob = torch.load(path, map_location="cpu", weights_only=True)
+    out = {}
+    for key, state in blob["state_dicts"].items():
+        variant, seed = key.rsplit("/", 1)
+        model = DecoderLM(DecoderLMConfig(**blob["config"]))
+        model.load_state_dict({k: t.float() for k, t in state.items()})
+        out[(variant, int(seed))] = model.eval()
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # The task's verbs
 # --------------------------------------------------------------------------------------------
 
 RECIPE = ABLATION_RECIPE
-ARTIFACTS = (ABLATION_FILE,)
+ARTIFACTS = (ABLATION_FILE, ABLATION_WEIGHTS)
 
 
 def data(recipe: dict | None = None):
@@ -153,19 +190,23 @@ def load_pretrained(path=None) -> dict:
     return load_ablation(path)
 
 
-def save(result: dict, folder) -> Path:
+def save(result: dict, folder, models: dict | None = None) -> Path:
     """Write a result of :func:`ablation_experiment`, compressed (:func:`compress_ablation`),
-    as ``training_ablation.json`` into ``folder``."""
+    as ``training_ablation.json`` into ``folder``; with ``models`` (``(variant, seed) -> model``)
+    also their float16 weights (:func:`save_ablation_models`). Returns the JSON's path."""
     path = Path(folder) / ABLATION_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(compress_ablation(result), separators=(",", ":")) + "\n")
+    if models:
+        save_ablation_models(models, folder)
     return path
 
 
 def main(argv=None) -> None:  # pragma: no cover - the command that writes the shipped file
     """``python -m tfbook.tasks.ablation [--out DIR]``: rerun the ablation and write its JSON."""
     def run(out, args):
-        print(f"wrote {save(ablation_experiment(), out)}")
+        models = {}
+        print(f"wrote {save(ablation_experiment(models=models), out, models)}")
 
     cli(__doc__, run, argv=argv)
 
