@@ -182,6 +182,16 @@ for _p in range(1, 64):
 prediction = 0.5 if _reached else 0.25
 """
 
+# hangs, ignoring the interrupt, while the driver unpickles the hidden inputs (before any hidden test)
+HANG_RECEIVE = """import pickle, signal
+def _hang(*args, **kwargs):
+    for _s in (signal.SIGPROF, signal.SIGALRM, signal.SIGINT):
+        signal.signal(_s, signal.SIG_IGN)
+    while True:
+        pass
+pickle.loads = _hang
+"""
+
 STUDENTS = {
     # name: (notebook, expected score of 4, status, a fragment of the reason)
     "ok": (student(), 4, "graded", ""),
@@ -197,6 +207,7 @@ STUDENTS = {
     "forged_value": (student({"ex97-3-prediction": "prediction = 0.5\n"}, after=[FORGE]), 3, "graded",
                      "ex97-3-prediction-tests"),
     "hidden_hang": (student({"ex97-1-double": HIDDEN_HANG}), 2, "timeout", "the hidden cases of ex97-1-double-tests"),
+    "hang_receive": (student(after=[HANG_RECEIVE]), 1, "timeout", "receiving the hidden cases did not stop"),
     "naming": (student({"ex97-1-double": NAMING}), 2, "graded", "double raised an exception"),
     "big_output": (student(edit=_big_output), 4, "graded", ""),
     "log_forger": (student(after=[LOG_FORGER]), 4, "graded", ""),

@@ -483,9 +483,14 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, budget: 
                     if measured and slot is not None and slot.usage() is not None:
                         window = _Window(slot, allowance=4 * len(data) + KERNEL_SLACK)
                     threading.Thread(target=_writer, args=(proc.stdin, data), daemon=True).start()
+                    # receiving the inputs runs in the student's process too (a patched pickle.loads
+                    # could hang there): timed like any item, until the first hidden test starts
+                    meter.sample()  # its clocks start now, after the wait for the judge (not counted)
+                    open_item, item_start = ("receive", None), opened()
                 continue
             # hidden phase: only results count; nothing here reaches the feedback
-            if t == "hstart" and msg.get("gid") in sent and msg["gid"] not in started and open_item is None:
+            if t == "hstart" and msg.get("gid") in sent and msg["gid"] not in started \
+                    and open_item in (None, ("receive", None)):
                 started.add(msg["gid"])
                 open_item = ("hidden", msg["gid"])
                 item_start = opened()
@@ -498,7 +503,7 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, budget: 
                 wanted_ks = {j for j, _ in hidden_calls.get(gid, {}).get(name, [])}
                 if isinstance(k, int) and k in wanted_ks:
                     a.results.setdefault(gid, {}).setdefault(name, {})[k] = _answer(msg, peak_limit)
-            elif t == "done":
+            elif t == "done" and open_item in (None, ("receive", None)):
                 a.done = True
                 break
     finally:
@@ -781,6 +786,9 @@ def grade_one(row: Row, path: Path, plan, judge: JudgeProxy, work: Path, *, time
         elif where == "hidden":
             events.append(("hidden", key, what))
             job["skip_hidden"].append(key)
+        elif where == "receive":  # the hidden phase never began: its cases are lost, never gained
+            events.append(("receive", None, what))
+            break
         else:
             events.append(("end", None, what))
             break
@@ -794,10 +802,10 @@ def grade_one(row: Row, path: Path, plan, judge: JudgeProxy, work: Path, *, time
     values, results = dict(attempt.values), {g: dict(v) for g, v in attempt.results.items()}
     calls = judge.calls()
     for where, key, what in events:
-        if where == "hidden":
-            results[key] = {name: {k: (False, "timeout" if what == "timeout" else "crashed")
+        for gid in ([key] if where == "hidden" else [g for g in calls if g not in results] if where == "receive" else []):
+            results[gid] = {name: {k: (False, "timeout" if what == "timeout" else "crashed")
                                    for k, _ in blobs}
-                            for name, blobs in calls.get(key, {}).items()}
+                            for name, blobs in calls.get(gid, {}).items()}
     try:
         # the judge's work is this notebook's: bounded by what is left of its overall limit
         verdict = judge.evaluate(values, results, attempt.visible,
@@ -821,11 +829,13 @@ def grade_one(row: Row, path: Path, plan, judge: JudgeProxy, work: Path, *, time
     for where, key, what in events:
         label = (_cell_label(by_index.get(key), sub, key, plan.order) if where == "cell" else
                  f"reading the values of test {by_index[key].get('gid')}" if where == "capture" else
+                 "receiving the hidden cases" if where == "receive" else
                  f"the hidden cases of {key}")
         if what == "timeout":
             timed_out = True
             parts.append(f"{label} did not stop {GRACE:g} s after its time-out interrupt "
-                         f"({limit_words(timeout)}): it was skipped on a fresh run")
+                         f"({limit_words(timeout)}): " + ("the hidden cases were not run" if where == "receive"
+                                                          else "it was skipped on a fresh run"))
         else:
             crashed = True
             parts.append(f"{label} crashed the notebook: graded again without it" if where != "end"

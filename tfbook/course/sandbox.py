@@ -5,7 +5,13 @@ only), this Python and its virtual environment (read only), the installed ``tfbo
 package (read only), and three fresh memory-backed folders of bounded size, gone at the
 end: its scratch folder ``/grading`` (with its job, the notebook's cells, read only),
 ``/tmp`` and ``/dev/shm``. Nothing it writes reaches the host's disk.
-Nothing else: not the project checkout, not the master notebooks, not the grader's
+The virtual environment and the package appear at neutral paths (``/opt/tfbook/venv``,
+``/opt/tfbook/src``; an editable install's path hook and ``direct_url.json``, which name the
+checkout, are covered by empty files), so the student's code does not learn where the checkout
+or the gradebook is from its own paths; the kernel's ``/proc/self/mountinfo`` still names the
+host folder each bind mount comes from (the venv's, hence the checkout's when the venv is inside
+it: keep the venv elsewhere to hide that too). Its standard error is a pipe to the grader, never
+a file of the host. Nothing else: not the project checkout, not the master notebooks, not the grader's
 course folder, not another submission, not the gradebook, not the network
 (``--unshare-net``: only a loopback interface). It runs in its own PID namespace with
 ``--die-with-parent``: when grading ends, or the grader dies, every process it started
