@@ -1,4 +1,4 @@
-"""Chapter 23's models as ``nn.Module``\\ s: a small stack of token mixers, each softmax attention or
+"""Chapter 23's models as ``nn.Module`` classes: a small stack of token mixers, each softmax attention or
 one of the recurrences of :mod:`tfbook.torch.functional.recurrence`, for the associative-recall task.
 
 * :class:`RecurrenceConfig`: the sizes and the layout, one kind per layer (frozen; checked when
