@@ -47,6 +47,10 @@ PARITY_CASES = {
     "top_k_router": [lambda g, k=k: ((g.standard_normal((2, 5, 8)), g.standard_normal((8, 4)), k), {}, {})
                      for k in (1, 2, 4)],
     "load_balancing_loss": [lambda g: (_probs_experts(g), {}, {}), lambda g: (_probs_experts(g, 30, 8, 1), {}, {})],
+    "router_z_loss": [lambda g: ((3 * g.standard_normal((2, 7, 5)),), {}, {})],
+    "biased_top_k_router": [lambda g, k=k: ((g.standard_normal((2, 5, 8)), g.standard_normal((8, 4)), k,
+                                             0.3 * g.standard_normal(4)), {}, {}) for k in (1, 2)],
+    "balance_bias_update": [lambda g: ((g.standard_normal(6), g.integers(0, 6, (20, 2)), 0.01), {}, {})],
     "expert_capacity": [lambda g: ((64, 8, 2, 1.25), {}, {})],
     "moe": [lambda g, cf=cf, sh=sh: ((g.standard_normal((2, 9, 8)), _moe(g, shared=sh), 2),
                                      {"capacity_factor": cf}, {})
@@ -242,6 +246,62 @@ def test_balance_loss_trains_the_router_through_the_mean_probabilities():
     _, e, p = TF.top_k_router(X, W, 2)
     TF.load_balancing_loss(p, e).backward()
     assert W.grad is not None and W.grad.abs().max() > 0
+
+
+# ----------------------------------------------------------------------------- z-loss, balancing without a loss
+
+
+def test_router_z_loss_closed_form_and_gradient():
+    E = 8
+    for c in (0.0, 2.0, -3.0):  # equal logits c: logsumexp = c + ln E
+        assert abs(float(tnp.router_z_loss(np.full((5, 3, E), c))) - (c + math.log(E)) ** 2) < 1e-12
+    g = np.random.default_rng(1)
+    L = g.standard_normal((40, E))
+    assert abs(float(tnp.router_z_loss(L)) - np.mean(np.log(np.exp(L).sum(-1)) ** 2)) < 1e-12
+    assert np.isfinite(float(tnp.router_z_loss(np.full((2, E), 1e4))))  # no overflow
+    Lt = torch.tensor(L, requires_grad=True)  # its gradient shrinks the logits' log-sum-exp
+    TF.router_z_loss(Lt).backward()
+    lse = torch.logsumexp(Lt.detach(), -1, keepdim=True)
+    torch.testing.assert_close(Lt.grad, 2 * lse * torch.softmax(Lt.detach(), -1) / 40, rtol=0, atol=1e-12)
+
+
+def test_router_z_loss_equals_hugging_face_switch_transformers():
+    st = pytest.importorskip("transformers.models.switch_transformers.modeling_switch_transformers",
+                             reason="transformers is not installed (peer check only)")
+    L = torch.tensor(np.random.default_rng(2).standard_normal((3, 11, 8)))
+    torch.testing.assert_close(TF.router_z_loss(L), st.router_z_loss_func(L), rtol=0, atol=1e-12)
+
+
+def test_biased_router_chooses_by_the_bias_and_gates_without_it():
+    g = np.random.default_rng(3)
+    X, W = g.standard_normal((50, 6)), g.standard_normal((6, 5))
+    w0, e0, p0 = tnp.top_k_router(X, W, 2)
+    w1, e1, p1 = tnp.biased_top_k_router(X, W, 2, np.zeros(5))
+    np.testing.assert_array_equal(e1, e0)  # bias 0 is the plain router
+    np.testing.assert_allclose(w1, w0, rtol=0, atol=1e-15)
+    bias = np.array([0.0, 0.0, 10.0, 0.0, 0.0])  # a large bias: expert 2 is everyone's choice
+    w2, e2, p2 = tnp.biased_top_k_router(X, W, 2, bias)
+    assert (e2 == 2).any(-1).all()
+    np.testing.assert_allclose(p2, p0, rtol=0, atol=0)  # the probabilities are untouched
+    top = np.take_along_axis(p0, e2, -1)
+    np.testing.assert_allclose(w2, top / top.sum(-1, keepdims=True), rtol=0, atol=1e-15)  # gates: unbiased, renormalised
+
+
+def test_bias_updates_balance_a_skewed_router():
+    g = np.random.default_rng(4)
+    X = g.standard_normal((512, 8))
+    X[:, 0] = 1.0  # a constant feature, whose router row skews every token's logits:
+    W = g.standard_normal((8, 6))
+    W[0] = [2.0, 0, 0, 0, 0, -1.0]  # expert 0 favoured, expert 5 shunned
+    bias = np.zeros(6)
+    load0 = np.bincount(tnp.biased_top_k_router(X, W, 2, bias)[1].ravel(), minlength=6)
+    for _ in range(300):
+        bias = tnp.balance_bias_update(bias, tnp.biased_top_k_router(X, W, 2, bias)[1], 0.002)
+    load = np.bincount(tnp.biased_top_k_router(X, W, 2, bias)[1].ravel(), minlength=6)
+    assert load0.max() / load0.mean() > 1.5 and load.max() / load.mean() < 1.05, (load0, load)
+    np.testing.assert_array_equal(tnp.balance_bias_update(np.zeros(3), np.array([[0], [1], [2]]), 0.5), np.zeros(3))
+    np.testing.assert_array_equal(tnp.balance_bias_update(np.zeros(3), np.array([[0], [0], [1]]), 0.5),
+                                  [-0.5, 0.0, 0.5])  # mean load 1: expert 0 over, 1 at the mean, 2 under
 
 
 @pytest.mark.parametrize("k", [1, 2])

@@ -13,7 +13,12 @@ here SwiGLU MLPs as in Mixtral) and a *router* ``W_router (D, E)`` that sends ea
 * :func:`moe_dense`: the same layer computed densely, every expert on every token, the
   unchosen ones multiplied by a zero gate: the reference the sparse layer is checked against;
 * :func:`load_balancing_loss`: the auxiliary loss of Switch / GShard (as Hugging Face's
-  Mixtral computes it), ``E * sum_e f_e * pbar_e``.
+  Mixtral computes it), ``E * sum_e f_e * pbar_e``;
+* :func:`router_z_loss`: ST-MoE's router z-loss, the mean over tokens of the squared
+  log-sum-exp of the router logits, which keeps the logits small;
+* :func:`biased_top_k_router` and :func:`balance_bias_update`: DeepSeek-V3's balancing without
+  an auxiliary loss, a per-expert bias added to the scores for the choice only (the gates stay
+  the unbiased probabilities), nudged after each batch towards the experts that got too little.
 
 Low-rank adaptation (LoRA) adds a trainable product of two thin matrices to a frozen weight:
 :func:`lora_linear` computes ``X W + (alpha / r) (X A) B`` with ``A (D_in, r)``,
@@ -40,6 +45,9 @@ from .modern import _check_swiglu_params, swiglu
 __all__ = [
     "top_k_router",
     "load_balancing_loss",
+    "router_z_loss",
+    "biased_top_k_router",
+    "balance_bias_update",
     "expert_capacity",
     "moe",
     "moe_dense",
@@ -192,6 +200,107 @@ def load_balancing_loss(probs, experts):
     f = np.bincount(experts.reshape(-1), minlength=E)[:E] / N  # (E,), sums to k
     pbar = P2.mean(axis=0)  # (E,)
     return np.asarray(E * np.sum(f * pbar), dtype=probs.dtype)
+
+
+def _check_bias(bias, E, what):
+    _v.check_ndim("bias", bias, 1, 1, what="(E,)")
+    if int(bias.shape[0]) != E:
+        raise ValueError(f"bias must have one entry per expert, E={E}, got shape {_v.shape_of(bias)} ({what})")
+
+
+def _check_rate(rate):
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate >= 0 or not math.isfinite(rate):
+        raise ValueError(f"rate must be a finite number >= 0, got {rate!r}")
+    return float(rate)
+
+
+def router_z_loss(logits):
+    """ST-MoE's router z-loss (Zoph et al. 2022): ``mean over tokens of (log sum_e exp(logit_e))^2``.
+
+    It penalises large router logits (a softmax that saturates, and round-off in low precision)
+    without preferring any expert. Logits all equal to ``c`` give ``(c + ln E)^2``.
+
+    Parameters
+    ----------
+    logits : (..., E) ndarray
+        The router's logits ``X W_router`` (before the softmax).
+
+    Returns
+    -------
+    float ndarray of shape ()
+    """
+    logits = _as_float(logits, "logits")
+    _v.check_ndim("logits", logits, 1, what="(..., E)")
+    m = logits.max(axis=-1, keepdims=True)
+    lse = (m + np.log(np.exp(logits - m).sum(axis=-1, keepdims=True)))[..., 0]  # stable log-sum-exp
+    return np.asarray(np.mean(lse ** 2), dtype=logits.dtype)
+
+
+def biased_top_k_router(X, W_router, k, bias):
+    """DeepSeek-V3's router without an auxiliary loss: the experts are chosen by ``probs + bias``,
+    the gates are the *unbiased* ``probs`` of the chosen experts, renormalised.
+
+    ``bias`` (one number per expert, not trained by gradients: :func:`balance_bias_update`)
+    only moves tokens between experts; it never enters the layer's output except through the
+    choice. ``bias = 0`` is :func:`top_k_router`. (DeepSeek-V3 scores with a sigmoid; the book's
+    router keeps Mixtral's softmax.)
+
+    Parameters
+    ----------
+    X : (..., D) ndarray
+    W_router : (D, E) ndarray
+    k : int
+    bias : (E,) ndarray
+
+    Returns
+    -------
+    weights, experts, probs
+        As :func:`top_k_router`'s.
+    """
+    X = _as_float(X, "X")
+    W_router = _as_float(W_router, "W_router")
+    k, E = _check_router(X, W_router, k)
+    bias = np.asarray(bias, dtype=X.dtype)
+    _check_bias(bias, E, f"W_router: {_v.shape_of(W_router)}")
+    probs = softmax(X @ W_router, axis=-1)  # (..., E)
+    experts = np.argsort(-(probs + bias), axis=-1, kind="stable")[..., :k]  # chosen by the biased score
+    top = np.take_along_axis(probs, experts, axis=-1)  # gated by the unbiased probability
+    weights = top / top.sum(axis=-1, keepdims=True)
+    return weights.astype(probs.dtype, copy=False), experts.astype(np.int64), probs
+
+
+def balance_bias_update(bias, experts, rate):
+    """One step of DeepSeek-V3's bias update: ``bias_e += rate * sign(mean load - load_e)``,
+    where ``load_e`` counts the choices of expert ``e`` in ``experts`` (one batch).
+
+    Under-used experts gain ``rate``, over-used ones lose it, an expert exactly at the mean
+    keeps its bias.
+
+    Parameters
+    ----------
+    bias : (E,) ndarray
+    experts : (..., k) int ndarray
+        The batch's choices (:func:`biased_top_k_router`'s second output).
+    rate : float
+        The update speed ``gamma`` (>= 0).
+
+    Returns
+    -------
+    (E,) ndarray
+        The new bias.
+    """
+    bias = _as_float(bias, "bias")
+    experts = np.asarray(experts)
+    _v.check_ndim("experts", experts, 1, what="(..., k)")
+    if experts.dtype.kind not in "iu":
+        raise ValueError(f"experts must be integer expert ids, got dtype {experts.dtype} (shape {experts.shape})")
+    E = int(bias.shape[0]) if bias.ndim == 1 else -1
+    _check_bias(bias, E, f"experts: {experts.shape}")
+    if experts.size and (experts.min() < 0 or experts.max() >= E):
+        raise ValueError(f"experts must be ids in [0, E={E}), got values in [{experts.min()}, {experts.max()}]")
+    rate = _check_rate(rate)
+    load = np.bincount(experts.reshape(-1), minlength=E).astype(bias.dtype)
+    return bias + rate * np.sign(load.mean() - load)
 
 
 def expert_capacity(num_tokens, num_experts, k, capacity_factor):

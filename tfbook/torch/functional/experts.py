@@ -14,6 +14,8 @@ import torch
 from ... import _validate as _v
 from ...numpy.experts import (
     _check_balance,
+    _check_bias,
+    _check_rate,
     _check_capacity_factor,
     _check_lora,
     _check_moe_params,
@@ -26,6 +28,9 @@ from .modern import swiglu
 __all__ = [
     "top_k_router",
     "load_balancing_loss",
+    "router_z_loss",
+    "biased_top_k_router",
+    "balance_bias_update",
     "expert_capacity",
     "moe",
     "moe_dense",
@@ -58,6 +63,45 @@ def load_balancing_loss(probs, experts):
     N = P2.shape[0]
     f = torch.bincount(experts.reshape(-1), minlength=E)[:E].to(probs.dtype) / N  # (E,), sums to k
     return E * (f * P2.mean(dim=0)).sum()
+
+
+def router_z_loss(logits):
+    """ST-MoE's router z-loss: the mean over tokens of ``logsumexp(logits)^2``
+    (differentiable). See :func:`tfbook.numpy.router_z_loss`."""
+    logits = _float(logits, "logits")
+    _v.check_ndim("logits", logits, 1, what="(..., E)")
+    return (torch.logsumexp(logits, dim=-1) ** 2).mean()
+
+
+def biased_top_k_router(X, W_router, k, bias):
+    """DeepSeek-V3's choice by ``probs + bias`` with the unbiased ``probs`` as gates;
+    ``(weights, experts, probs)`` as :func:`top_k_router`. See :func:`tfbook.numpy.biased_top_k_router`."""
+    X, W_router = _float(X, "X"), _float(W_router, "W_router")
+    k, E = _check_router(X, W_router, k)
+    bias = torch.as_tensor(bias, dtype=X.dtype, device=X.device)
+    _check_bias(bias, E, f"W_router: {tuple(W_router.shape)}")
+    probs = torch.softmax(X @ W_router, dim=-1)
+    _, experts = torch.topk(probs + bias.detach(), k, dim=-1)  # the bias chooses, it never gates
+    top = probs.gather(-1, experts)
+    return top / top.sum(dim=-1, keepdim=True), experts, probs
+
+
+def balance_bias_update(bias, experts, rate):
+    """``bias + rate * sign(mean load - load)``, the load counted over ``experts``.
+    See :func:`tfbook.numpy.balance_bias_update`."""
+    bias = _float(bias, "bias")
+    experts = _tensor(experts, "experts")
+    _v.check_ndim("experts", experts, 1, what="(..., k)")
+    if experts.dtype.is_floating_point or experts.dtype == torch.bool or experts.is_complex():
+        raise ValueError(f"experts must be integer expert ids, got dtype {experts.dtype} "
+                         f"(shape {tuple(experts.shape)})")
+    E = int(bias.shape[0]) if bias.ndim == 1 else -1
+    _check_bias(bias, E, f"experts: {tuple(experts.shape)}")
+    if experts.numel() and (int(experts.min()) < 0 or int(experts.max()) >= E):
+        raise ValueError(f"experts must be ids in [0, E={E}), got values in [{int(experts.min())}, {int(experts.max())}]")
+    rate = _check_rate(rate)
+    load = torch.bincount(experts.reshape(-1), minlength=E).to(bias.dtype)
+    return bias + rate * torch.sign(load.mean() - load)
 
 
 def expert_capacity(num_tokens, num_experts, k, capacity_factor):
