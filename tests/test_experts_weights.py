@@ -31,6 +31,40 @@ def test_shipped_weights_reproduce_the_recorded_validation_score(kind):
     assert abs(task.evaluate(model, "validation") - recorded["validation"]) < 1e-9  # float64 round-off
 
 
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("kind", task.KINDS)
+def test_every_seeds_shipped_weights_reproduce_the_recorded_scores(kind, seed):
+    """Seeds 1 and 2 ship too: their validation score and (for a mixture) routing loads as recorded."""
+    torch.set_num_threads(1)
+    model, _ = task.load_pretrained(kind, seed=seed)
+    recorded = task.load_scores(kind)["runs"][seed]
+    assert recorded["seed"] == seed
+    assert abs(task.evaluate(model, "validation") - recorded["validation"]) < 1e-9  # float64 round-off
+    assert task.routing_loads(model, task.data().validation) == recorded["loads"]
+
+
+def test_load_pretrained_and_load_finetuned_refuse_unshipped_seeds():
+    with pytest.raises(ValueError, match="seed"):
+        task.load_pretrained("moe", seed=3)
+    with pytest.raises(ValueError, match="rank 4 and seed 1"):
+        task.load_finetuned("lora", seed=1, rank=4)
+    with pytest.raises(ValueError, match="seed"):
+        task.load_finetuned("full", seed=5)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_rank_one_adapters_and_full_fine_tuning_of_every_seed_score_as_recorded(seed):
+    torch.set_num_threads(1)
+    lora = task.load_lora_scores()
+    test = task.lora_data().test
+    for mode, name, tol in (("lora", "lora-r1", 1e-6), ("full", "full", 1e-9)):  # the adapter merges in float32
+        model = merge_lora(task.load_finetuned(mode, seed=seed, rank=1))
+        for p in model.parameters():
+            p.data = p.data.half().float()
+        bits = float(-modern.predictions(model, test)[0].mean())
+        assert abs(bits - lora["runs"][name]["runs"][seed]["test"]) < tol, (mode, seed)
+
+
 def test_the_balance_loss_keeps_every_expert_busy_and_its_absence_does_not():
     scores = task.load_scores()
 
