@@ -46,10 +46,12 @@ TIMEOUT = 60.0  # seconds for any one page: load, typeset, fonts (a cold start t
 DESKTOP = {"width": 1280, "height": 1000, "deviceScaleFactor": 1, "mobile": False}
 PHONE = {"width": 390, "height": 844, "deviceScaleFactor": 1, "mobile": True}
 # Every chapter page, loaded cold (HTTP cache disabled in the `page` fixture), transfers at
-# most this many bytes: everything it loads, headers included (1.5 MB, decimal megabytes),
-# with text gzip-compressed by the test server as by any real host (_QuietHandler). The
-# table also shows the uncompressed bytes; those are not held to the limit.
-PAGE_WEIGHT_LIMIT = 1_500_000
+# most this many bytes: everything it loads, headers included (0.75 MB, decimal megabytes:
+# issue 39's limit), with text gzip-compressed by the test server as by any real host
+# (_QuietHandler). The table also shows the uncompressed bytes; those are not held to the
+# limit. Measured at 2e890d2 (figures as palette PNGs): median chapter 0.52 MB, largest 0.61 MB
+# (chapter 7), was 0.64 and 0.96 MB.
+PAGE_WEIGHT_LIMIT = 750_000
 # An output figure on a phone is legible when shown at >= 75 % of its natural width
 # (matplotlib's 10 pt labels at 100 dpi are 13.9 px tall, so they stay >= 10.4 px; shrunk to a
 # 358 px column the widest figures have 5 px labels). Figures fit the column at every width; one
