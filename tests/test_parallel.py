@@ -283,3 +283,15 @@ def test_ddp_buckets_follow_the_documented_rule_on_the_order_they_were_filled(en
         buckets = r["ddp"]["buckets"]
         arrival = [8 * n for b in buckets for n in b["sizes"]]  # float64 gradients, in bucketing order
         assert [len(b) for b in parallel.ddp_buckets(arrival[::-1], cap)] == [b["tensors"] for b in buckets]
+
+
+def test_collectives_of_one_step_are_counted(engines):
+    """DDP: one all-reduce per bucket; ZeRO-1 (ZeroRedundancyOptimizer under DDP): one all-reduce and a
+    broadcast per parameter tensor; FSDP2: all-gathers of the L blocks twice and the root once, a
+    reduce-scatter per group."""
+    n_tensors = len(list(parallel.make_model(CFG).parameters()))
+    for r in engines:
+        assert r["ddp"]["step_comm"] == {"c10d.allreduce_": len(r["ddp"]["buckets"])}
+        assert r["zero1"]["step_comm"] == {"c10d.allreduce_": 1, "c10d.broadcast_": n_tensors}
+        assert r["fsdp"]["step_comm"] == {"c10d._allgather_base_": 2 * CFG.num_layers + 1,
+                                          "c10d._reduce_scatter_base_": CFG.num_layers + 1}

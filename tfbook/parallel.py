@@ -505,6 +505,21 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def _collectives(last: bool):
+    """A ``CommDebugMode`` (it counts every collective issued while it is active) on the last step, else
+    a context that counts nothing; ``_counts`` reads it."""
+    import contextlib
+
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    return CommDebugMode() if last else contextlib.nullcontext()
+
+
+def _counts(mode) -> dict:
+    """``{collective: calls}`` that a ``CommDebugMode`` counted (``c10d.allreduce_``, ``c10d.broadcast_``, ...)."""
+    return {str(k): v for k, v in mode.get_comm_counts().items() if v}
+
+
 def _optimizer_state_bytes(opt) -> int:
     return _tensor_bytes(_local(v) for st in opt.state.values() for v in st.values())
 
@@ -533,8 +548,11 @@ def _ddp_scheme(cfg: DPConfig, rank: int, world: int, device) -> dict:
         xs, ys = shard(x, rank, world).to(device), shard(y, rank, world).to(device)
         ddp.zero_grad(set_to_none=True)
         calls.clear()
-        loss = _loss(ddp, xs, ys)
-        loss.backward()
+        with _collectives(step == cfg.steps - 1) as mode:  # the collectives of the last step, counted
+            loss = _loss(ddp, xs, ys)
+            loss.backward()
+        if step == cfg.steps - 1:
+            step_comm = _counts(mode)
         if grads is None:
             grads = {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters()}
         if step == 1:  # after the first step DDP rebuilds its buckets in the order gradients became ready
@@ -574,7 +592,7 @@ def _ddp_scheme(cfg: DPConfig, rank: int, world: int, device) -> dict:
         flat.append(time.perf_counter() - t0)
     return {"losses": losses, "grads": grads,
             "params": {n: p.detach().cpu().clone() for n, p in model.named_parameters()},
-            "buckets": buckets, "overlap": overlap,
+            "buckets": buckets, "overlap": overlap, "step_comm": step_comm,
             "no_sync_sent": sent_in_no_sync, "no_sync_buckets_after": len(counted) - sent_in_no_sync,
             "no_sync_grads": {n: p.grad.detach().cpu().clone() for n, p in acc.named_parameters()},
             "allreduce_per_tensor_s": sorted(per_tensor)[len(per_tensor) // 2],
@@ -590,14 +608,17 @@ def _zero1_scheme(cfg: DPConfig, rank: int, world: int, device, lr=0.01, weight_
     ddp = DDP(model, device_ids=None if device.type == "cpu" else [device])
     opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=lr,
                                   weight_decay=weight_decay)
-    for x, y in make_batches(cfg):
+    for step, (x, y) in enumerate(make_batches(cfg)):
         opt.zero_grad(set_to_none=True)
-        _loss(ddp, shard(x, rank, world).to(device), shard(y, rank, world).to(device)).backward()
-        opt.step()  # each rank updates its own parameters, then broadcasts them to the others
+        with _collectives(step == cfg.steps - 1) as mode:  # the collectives of the last step, counted
+            _loss(ddp, shard(x, rank, world).to(device), shard(y, rank, world).to(device)).backward()
+            opt.step()  # each rank updates its own parameters, then broadcasts them to the others
+        if step == cfg.steps - 1:
+            step_comm = _counts(mode)
     local_opt = getattr(opt, "optim", opt)  # the optimiser of this rank's share (all of it without ZeRO)
     owned = sum(p.numel() for g in local_opt.param_groups for p in g["params"])
     return {"params": {n: p.detach().cpu().clone() for n, p in model.named_parameters()},
-            "owned_numel": owned, "state_bytes": _optimizer_state_bytes(local_opt),
+            "owned_numel": owned, "state_bytes": _optimizer_state_bytes(local_opt), "step_comm": step_comm,
             "param_bytes": _tensor_bytes(model.parameters()),
             "grad_bytes": _tensor_bytes(p.grad for p in model.parameters() if p.grad is not None)}
 
@@ -611,14 +632,17 @@ def _fsdp_scheme(cfg: DPConfig, rank: int, world: int, device, lr=0.01, weight_d
         fully_shard(block)  # each block gathers its parameters just before it runs, frees them after
     fully_shard(model)  # the rest: embeddings, final norm
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    for x, y in make_batches(cfg):
+    for step, (x, y) in enumerate(make_batches(cfg)):
         opt.zero_grad(set_to_none=True)
-        _loss(model, shard(x, rank, world).to(device), shard(y, rank, world).to(device)).backward()
-        opt.step()
+        with _collectives(step == cfg.steps - 1) as mode:  # the collectives of the last step, counted
+            _loss(model, shard(x, rank, world).to(device), shard(y, rank, world).to(device)).backward()
+            opt.step()
+        if step == cfg.steps - 1:
+            step_comm = _counts(mode)
     local = {n: _local(p).numel() for n, p in model.named_parameters()}
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
     return {"params": {n: _full(p).detach().cpu().clone() for n, p in model.named_parameters()},
-            "local_numel": local, "shapes": shapes,
+            "local_numel": local, "shapes": shapes, "step_comm": step_comm,
             "param_bytes": _tensor_bytes(_local(p) for p in model.parameters()),
             "grad_bytes": _tensor_bytes(_local(p.grad) for p in model.parameters() if p.grad is not None),
             "state_bytes": _optimizer_state_bytes(opt)}
