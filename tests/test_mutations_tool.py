@@ -174,3 +174,10 @@ def test_a_seed_the_notebook_already_uses_is_no_seed_change():
     other = {"fails_if": "x", "before": "rng = np.random.default_rng(5)\nX = rng.normal(size=(4, 3))"}
     assert mutations.classify_mutation(CHECK, same, ctx, 1)["kind"] == "inputs"
     assert mutations.classify_mutation(CHECK, other, ctx, 1)["kind"] == "seed"
+
+
+def test_the_run_reports_each_mutations_kind(report):
+    kinds = [(m["cell"], m["mutation"], m["kind"]) for m in report["mutations"]]
+    # cell 1's first mutation recomputes y from a changed x (inputs); cell 2's drops a guard (code)
+    assert kinds[0] == (1, 0, "inputs") and kinds[-1] == (2, 0, "code"), kinds
+    assert "value-only outside record guards" in mutations.summary(report)

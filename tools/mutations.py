@@ -765,6 +765,7 @@ def run_notebook(path: Path, timeout: float = 300.0, log=_log, verbose: bool = F
     if not hasattr(shell.user_module, "__spec__"):
         shell.user_module.__spec__ = None
     start = time.perf_counter()
+    kinds_ctx = NotebookContext([c.source for c in nb.cells if c.cell_type == "code"])
     try:
         code_index = 0
         for index, cell in enumerate(nb.cells):
@@ -782,6 +783,11 @@ def run_notebook(path: Path, timeout: float = 300.0, log=_log, verbose: bool = F
                 record = {"cell": index, "id": cell.get("id"), "mutation": number,
                           "fails_if": mutation.get("fails_if", ""),
                           "raises": mutation.get("raises", DEFAULT_RAISES)}
+                try:  # what it changes (--classify); value-only outside a record guard is flagged
+                    record["kind"] = classify_mutation(cell.source, mutation, kinds_ctx, code_index - 1)["kind"]
+                except Exception:  # noqa: BLE001 - the classification never stops the run
+                    record["kind"] = "code"
+                record["guard"] = bool(meta.get("record"))
                 try:
                     source = mutated_source(cell.source, mutation)
                 except ValueError as exc:
@@ -793,8 +799,10 @@ def run_notebook(path: Path, timeout: float = 300.0, log=_log, verbose: bool = F
                                   raised=(outcome.get("raised") or ["nothing"])[0],
                                   message=outcome.get("message", ""))
                 report["mutations"].append(record)
+                value_only = record["kind"] == "value" and not record["guard"]
                 log(f"  cell {index:3d} mutation {number}: {record['status'].upper():6s} "
-                    f"{record['fails_if'][:70]}" + ("" if record["status"] == "caught"
+                    + ("[VALUE-ONLY] " if value_only else "")
+                    + f"{record['fails_if'][:70]}" + ("" if record["status"] == "caught"
                                                     else f"  [{record.get('raised', '')}: {record['message'][:90]}]"))
             if verbose:
                 result = shell.run_cell(cell.source, store_history=True)
@@ -818,9 +826,10 @@ def summary(report: dict) -> str:
     muts = report["mutations"]
     caught = sum(m["status"] == "caught" for m in muts)
     cells = len({m["cell"] for m in muts})
+    value = sum(m.get("kind") == "value" and not m.get("guard") for m in muts)
     return (f"{report['notebook']}: {cells} checked cells, {len(muts)} mutations, {caught} caught, "
             f"{len(muts) - caught} not caught, {len(report['uncovered'])} asserting cells without "
-            f"mutations ({report['seconds']} s)" + (f"; ERROR {report['error']}" if report["error"] else ""))
+            f"mutations, {value} value-only outside record guards ({report['seconds']} s)" + (f"; ERROR {report['error']}" if report["error"] else ""))
 
 
 def _quiet_environment() -> None:
