@@ -457,6 +457,12 @@ def off_host(requests: list[str]) -> list[str]:
             if urlsplit(u).scheme not in ("data", "blob", "about") and urlsplit(u).hostname != "127.0.0.1"]
 
 
+# Displayed equations wider than their box, at the current viewport (after tfbook-math-fit.js)
+WIDE_EQUATIONS_JS = """(() => JSON.stringify([...document.querySelectorAll('div.math > mjx-container[display="true"]')]
+  .filter(b => b.scrollWidth > b.clientWidth + 1)
+  .map(b => `${b.textContent.slice(0, 40)}: ${b.scrollWidth} px in ${b.clientWidth} px`)))()"""
+
+
 def toc_chapters() -> list[str]:
     """Every notebook listed in _toc.yml, as its page path in the site."""
     import yaml
@@ -503,6 +509,9 @@ def test_page_renders_math_offline(server, page, path, shot, min_containers):
     assert desktop["equations"] == [] and desktop["figures"] == [], f"{path} at 1280 px: {desktop}"
     assert desktop["alts"] == [], f"{path}: figures without an alt text that says what they show {desktop['alts']}"
     resize(page, PHONE)
+    # issue 38: no displayed equation wider than the column at 390 px (tfbook-math-fit.js typesets
+    # a wide one smaller, down to 60 % of the text; before it, 105 equations scrolled sideways)
+    wide = json.loads(page.evaluate(WIDE_EQUATIONS_JS))
     phone = layout(page, LEGIBLE_SCALE)
     full_view = json.loads(page.evaluate(f"{FULL_VIEW_JS}({json.dumps(phone['small'])}, {LEGIBLE_SCALE})",
                                          await_promise=True))
@@ -517,6 +526,7 @@ def test_page_renders_math_offline(server, page, path, shot, min_containers):
         page.evaluate("window.scrollTo(0, 0)")
     resize(page, DESKTOP)
     assert phone["equations"] == [], f"{path} at 390 px: equations not fully visible {phone['equations']}"
+    assert wide == [], f"{path} at 390 px: displayed equations wider than the column, even at 60 % {wide}"
     assert phone["figures"] == [], f"{path} at 390 px: figures {phone['figures']}"
     assert full_view["bad"] == [], f"{path} at 390 px: figures not legible in their full view {full_view['bad']}"
     assert phone["pageOverflow"] <= 1, f"{path} at 390 px: the page scrolls sideways by {phone['pageOverflow']} px"

@@ -113,4 +113,5 @@ def setup(app):
     app.add_css_file("tfbook-icons.css")
     app.add_css_file("tfbook.css")
     app.add_js_file("tfbook-figures.js", loading_method="defer")
+    app.add_js_file("tfbook-math-fit.js", loading_method="defer")  # wide equations typeset to fit a phone
     return {"parallel_read_safe": True, "parallel_write_safe": True, "version": "1.0"}
