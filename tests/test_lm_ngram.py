@@ -182,6 +182,16 @@ def test_ppmd_uses_its_order():
     assert ngram.compressed_bits(tr, va, "ppmd", order=8) < ngram.compressed_bits(tr, va, "ppmd", order=2) - 0.3
 
 
+def test_zpaq_uses_its_method():
+    """zpaq's method 5 mixes more context models than method 1 (a fast LZ77 coder): on the
+    corpus's validation slice, after the training slice, it must code in far fewer bits."""
+    tr, va, _ = prose.text_splits()
+    tr, va = tr[-200_000:], va[:20_000]
+    assert ngram.compressed_bits(tr, va, "zpaq", method=5) < ngram.compressed_bits(tr, va, "zpaq", method=1) - 0.5
+    with pytest.raises(ValueError, match="method"):
+        ngram.compressed_size(b"abc", "zpaq", method=6)
+
+
 def test_compressors_reject_bad_input():
     with pytest.raises(ValueError, match="tool"):
         ngram.compressed_size(b"abc", "zip")

@@ -127,6 +127,25 @@ def test_shipped_long_model_and_scores():
     assert min(means, key=means.get) == scores["chosen"]           # the choice follows the validation
     assert hist.best_eval == pytest.approx(runs[f"{scores['chosen']}_s0"]["best_eval"], rel=1e-9)
     assert set(scores["seeds"]) == {"0", "1", "2"}
-    for kind in ("kn", "mkn", "ppmd"):                             # chosen on validation
+    for kind in ("kn", "mkn", "ppmd", "zpaq"):                     # chosen on validation
         search = scores["classical"][kind]["search"]
         assert scores["classical"][kind]["validation"] == min(search.values())
+
+
+def test_shipped_seed0_scores_recomputed_on_the_whole_test_slice(one_thread):
+    """Chapter 13's table: seed 0's frozen and adapting test scores (the adapting one at the
+    rate validation chose) and zpaq's, recomputed in full from the shipped weights and the
+    compressor, equal the record (the chapter recomputes them on a slice). About a minute."""
+    scores = prose.load_long_scores()
+    model, _ = prose.load_long()
+    _, c_val, c_test = prose.data()
+    frozen = float(prose.bits_after(model, c_val, c_test, dtype=torch.float32).mean())
+    assert frozen == pytest.approx(scores["seeds"]["0"]["test"], abs=1e-4)            # float32 sums
+    adapting = float(prose.dynamic_bits(model, c_val, c_test, scores["dynamic"]["lr"]).mean())
+    assert adapting == pytest.approx(scores["dynamic"]["test_seeds"]["0"], abs=1e-3)  # float32, 489 Adam steps
+    import shutil
+    if shutil.which("zpaq"):
+        from tfbook import ngram
+        btr, _, bte = prose.text_splits()
+        z = scores["classical"]["zpaq"]
+        assert ngram.compressed_bits(btr, bte, "zpaq", method=z["method"]) == pytest.approx(z["test"], abs=2e-3)

@@ -228,12 +228,16 @@ COMPRESSORS = {
     "xz": lambda **o: ["xz", "-9e", "-c"],
     "ppmd": lambda order=6, mem="256m", **o: ["7zz", "a", "-t7z", f"-m0=PPMd:o={order}:mem={mem}",
                                               "-bd", "-y"],
+    # zpaq (Debian's zpaq): a context-mixing compressor of the PAQ family; methods 1-5, each
+    # mixing more context models (5: the strongest and slowest)
+    "zpaq": lambda method=5, **o: ["zpaq", "a"],
 }
 
 
 def compressed_size(data: bytes, tool: str = "ppmd", **options) -> int:
     """Size in bytes of ``data`` compressed by ``tool`` (a key of :data:`COMPRESSORS`; ppmd
-    takes ``order`` (2..32) and ``mem``, the model's memory, e.g. ``"256m"``)."""
+    takes ``order`` (2..32) and ``mem``, the model's memory, e.g. ``"256m"``; zpaq takes
+    ``method`` (1..5), run on one thread)."""
     if tool not in COMPRESSORS:
         raise ValueError(f"tool must be one of {tuple(COMPRESSORS)}, got {tool!r}")
     if not isinstance(data, (bytes, bytearray)):
@@ -242,6 +246,16 @@ def compressed_size(data: bytes, tool: str = "ppmd", **options) -> int:
     if shutil.which(cmd[0]) is None:
         raise FileNotFoundError(f"{cmd[0]} is not installed (Debian: apt-get install "
                                 f"{'7zip' if cmd[0] == '7zz' else cmd[0]})")
+    if tool == "zpaq":
+        method = options.get("method", 5)
+        if int(method) != method or not 1 <= method <= 5:
+            raise ValueError(f"method must be an int in 1..5 for zpaq, got {method!r}")
+        with tempfile.TemporaryDirectory() as d:
+            src, arc = Path(d) / "text", Path(d) / "text.zpaq"
+            src.write_bytes(bytes(data))
+            subprocess.run(cmd + [str(arc), "text", f"-m{int(method)}", "-t1"], check=True, capture_output=True,
+                           cwd=d)
+            return arc.stat().st_size
     if tool == "ppmd":
         order = options.get("order", 6)
         if int(order) != order or not 2 <= order <= 32:
@@ -262,6 +276,13 @@ def compressed_bits(train: bytes, text: bytes, tool: str = "ppmd", **options) ->
         raise ValueError("text must not be empty")
     both = compressed_size(bytes(train) + bytes(text), tool, **options)
     return 8.0 * (both - compressed_size(bytes(train), tool, **options)) / len(text)
+
+
+def fit_zpaq(train: bytes, validation: bytes, methods=(1, 2, 3, 4, 5)) -> tuple[int, dict]:
+    """The zpaq method with the lowest bits per byte on ``validation`` coded after ``train``;
+    returns ``(method, {method: validation bits})``."""
+    scores = {m: compressed_bits(train, validation, "zpaq", method=m) for m in methods}
+    return min(scores, key=scores.get), scores
 
 
 def fit_ppmd(train: bytes, validation: bytes, orders=(4, 6, 8, 10, 12, 16, 24, 32), mem: str = "256m"
