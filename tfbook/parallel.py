@@ -870,7 +870,23 @@ def run_engines(schemes=SCHEMES, cfg: DPConfig = DPConfig(), world_size: int = 2
     unknown = [s for s in schemes if s not in SCHEMES]
     if unknown or not schemes:
         raise ValueError(f"schemes must be a non-empty list from {SCHEMES}, got {schemes!r}")
+    if (start_method or default_start_method()) == "fork":
+        _import_engines()  # once, here: the forked workers inherit the modules instead of each importing them
     return _launch(_engines_worker, cfg, world_size, timeout, start_method, extra_args=(tuple(schemes),))
+
+
+def _import_engines() -> None:
+    """Import what the schemes import (seconds: DDP's constructor alone imports ``torch._dynamo``)."""
+    import warnings
+
+    with warnings.catch_warnings():  # torch.jit's deprecation notices, raised while these import
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import torch._dynamo  # noqa: F401
+        import torch.distributed.fsdp  # noqa: F401
+        import torch.distributed.optim  # noqa: F401
+        import torch.distributed.tensor.debug  # noqa: F401
+        import torch.distributed.tensor.parallel  # noqa: F401
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: F401
 
 
 def torchrun_command(schemes, out_dir, cfg: DPConfig = DPConfig(), nproc: int = 2) -> list[str]:
