@@ -82,3 +82,40 @@ def test_answer_scores_logprob_is_the_product_of_the_steps():
         total += float(torch.log_softmax(model(torch.tensor([seq]))[0, -1], -1)[nxt])
         seq.append(nxt)
     assert abs(float(lp[0]) - total) < 1e-10
+
+
+# ----------------------------------------------------------------------------- shipped artifacts
+def test_shipped_artifacts_and_choices():
+    from tfbook.tasks._common import shipped
+
+    for name in I.ARTIFACTS:
+        assert shipped(name).is_file(), name
+    res = I.load_results()
+    for method in I.METHODS:
+        grid = res["grid"][method]
+        assert f"{res['chosen_lr'][method]:g}" == max(grid, key=grid.get)  # chosen on validation
+        for s in (0, 1, 2):
+            _, hist = I.load_pretrained(method, s)
+            assert hist.extra["recipe"]["lr"] == res["chosen_lr"][method] and hist.extra["recipe"]["seed"] == s
+            assert len(hist.loss) == I.RECIPE["steps"]
+
+
+@pytest.mark.parametrize("method", I.METHODS)
+def test_shipped_scores_recomputed(method):
+    res = I.load_results()
+    model, _ = I.load_pretrained(method, 0)
+    assert I.exact_match(model, I.data().test) == res["runs"][f"{method}_seed0"]["test"]
+    base, _ = I.load_pretrained.__globals__["prose"].load_pretrained("small")
+    if method == "lora":  # the old vocabulary is untouched
+        assert torch.equal(model.W_E[:base.config.vocab_size], base.W_E)
+
+
+def test_shipped_bars():
+    res = I.load_results()
+    mean = lambda e: float(np.mean([np.mean(v) for v in e.values()]))  # noqa: E731
+    assert mean(res["test_base"]) == 0.0
+    for method in ("full", "lora"):
+        for s in (0, 1, 2):
+            run = res["runs"][f"{method}_seed{s}"]
+            assert mean(run["test"]) > 0.2, (method, s)
+            assert run["bpc"] > res["bpc_base"] + 0.5, (method, s)  # forgetting is measured, and large

@@ -29,7 +29,7 @@ Each method's learning rate is chosen on validation exact match (seed 0) from
 once, at the end, for every shipped model. Shipped (``tfbook/weights/``): the nine merged
 models (``instruct_{method}_seed{s}.pt``, float16) and ``instruct_results.json`` (the grid,
 validation and test exact match per task and seed, bits per character on the pretraining
-text before and after). Regenerated, in about ten CPU-minutes, by::
+text before and after). Regenerated, in about six CPU-minutes (320 s measured), by::
 
     python -m tfbook.tasks.instruct                 # or --out DIR; --quick: 30 steps, one seed
 """
