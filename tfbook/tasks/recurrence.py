@@ -16,7 +16,7 @@ mean validation accuracy of its three seeds; the weights of the chosen runs ship
 (``recurrence_<task>.pt``), the validation counts of every run in ``recurrence_<task>.json``. The test
 sequences are not read here: the chapter scores the shipped weights on them once. Regenerate with::
 
-    python -m tfbook.tasks.recurrence            # or --out DIR, --task base|hard; about 14 CPU-minutes
+    python -m tfbook.tasks.recurrence            # or --out DIR, --task base|hard; about 9 CPU-minutes
 """
 
 from __future__ import annotations
