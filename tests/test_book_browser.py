@@ -629,6 +629,24 @@ def test_search_snippets_show_the_words_in_context(server, page, query, stem, pa
     assert v.failures == [] and v.errors == [], (target, v.failures, v.errors)
 
 
+# issue 38: a search lists first the chapter that introduces the term (was: "rotary" found chapter 7
+# fifth; "KV cache" chapter 14 before 11; the package reference second for "induction head")
+RANKED_FIRST = [("rotary", "07_positional_information"), ("KV cache", "11_decoders"),
+                ("induction head", "21_induction_heads"), ("beam search", "12_encoder_decoder"),
+                ("flash attention", "17_efficient_attention"), ("mixture of experts", "19_experts_and_adapters"),
+                ("multi-head attention", "05_multi_head_attention"), ("byte pair encoding", "01_tokens_and_embeddings")]
+
+
+def test_search_ranks_the_introducing_chapter_first(server, page):
+    wrong = {}
+    for query, stem in RANKED_FIRST:
+        hrefs = [r["href"] for r in ui_results(page, server, query, DESKTOP)]
+        # the package reference is never second while a third page also matches
+        if not hrefs or stem not in hrefs[0] or (len(hrefs) > 2 and "book/api.html" in hrefs[1]):
+            wrong[query] = [h.rsplit("/", 1)[-1] for h in hrefs[:5]]
+    assert wrong == {}, f"searches whose first result is not the chapter that introduces the term: {wrong}"
+
+
 @pytest.mark.parametrize("query, stem", [("softmax", "softmax"), ("attention", "attention")])
 def test_every_result_has_a_clean_snippet(server, page, query, stem):
     """Through Pagefind's API: every page found (and each matching section) has a snippet with the

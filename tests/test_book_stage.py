@@ -170,3 +170,16 @@ def test_figures_are_palette_pngs_that_look_the_same():
         assert A.size == B.size
         diff = np.abs(np.asarray(A.convert("RGBA"), float) - np.asarray(B.convert("RGBA"), float))
         assert diff.mean() < 2.0, diff.mean()  # of 255: 1.7 at worst over the book's 76 figures
+
+
+def test_index_weighs_reference_pages_less_and_names_what_a_chapter_introduces():
+    """Issue 38 (search ranking): the package reference's words weigh less than a chapter's;
+    a chapter's indexed copy gains one weighted sentence naming the terms it introduces."""
+    html = ('<html><head><title>T</title></head><body><article class="bd-article"><section id="s">'
+            "<h1>Title</h1><p>rotary positions</p></section></article></body></html>")
+    api = page_for_index(html, "book/api.html")
+    assert 'data-pagefind-body data-pagefind-weight="0.25"' in api and '<h1 data-pagefind-weight="0.25"' in api
+    ch7 = page_for_index(html, "notebooks/07_positional_information.html")
+    assert "This chapter introduces" in ch7 and "rotary position embedding (RoPE)" in ch7
+    assert "data-pagefind-weight" not in page_for_index(html, "notebooks/99_none.html")
+    assert page_for_index(html) == page_for_index(html, None)

@@ -90,8 +90,10 @@ def tex_to_text(tex: str) -> str:
     return re.sub(r"\s+", " ", s).strip()
 
 
-def page_for_index(html: str) -> str | None:
-    """The part of a built page that the index reads, or None for a page without an article."""
+def page_for_index(html: str, path: str | None = None) -> str | None:
+    """The part of a built page that the index reads, or None for a page without an article.
+    ``path``: the page's path in the site (``book/api.html``), which says whether it is one of
+    the reference pages (:data:`REFERENCE_PAGES`), weighed less."""
     from bs4 import BeautifulSoup
 
     soup = BeautifulSoup(html, "html.parser")
@@ -107,8 +109,72 @@ def page_for_index(html: str) -> str | None:
         if heading is not None and not heading.get("id"):
             heading["id"] = section["id"]
     title = soup.title.get_text() if soup.title else ""
+    weight = f' data-pagefind-weight="{REFERENCE_WEIGHT}"' if path in REFERENCE_PAGES else ""
+    if weight:  # a reference page: every word, headings included, counts less than a chapter's
+        for heading in article.find_all(re.compile(r"^h[1-6]$")):
+            heading["data-pagefind-weight"] = str(REFERENCE_WEIGHT)
+    terms = INTRODUCES.get(Path(path).stem if path else "", ())
+    intro = (f'<p data-pagefind-weight="{INTRODUCES_WEIGHT}">This chapter introduces {", ".join(terms)}.</p>'
+             if terms else "")
     return (f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title>"
-            f"</head><body><main data-pagefind-body>{article}</main></body></html>")
+            f"</head><body><main data-pagefind-body{weight}>{article}{intro}</main></body></html>")
+
+
+# The package reference (book/api.md) names every function of every chapter, and the notation
+# page lists every symbol: they came second for "induction head" (on `num_heads`), "beam search",
+# "flash attention"... A reader searching a term wants the chapter that teaches it first, so the
+# words of these pages weigh less (Pagefind's data-pagefind-weight; 1 is a chapter's text).
+REFERENCE_PAGES = ("book/api.html", "book/notation.html", "book/bibliography.html")
+REFERENCE_WEIGHT = 0.25
+
+# The terms each chapter introduces (book/../BOOK.md's plan): its page gets one indexed sentence
+# naming them, weighed more than its text, so that a search for a term lists first the chapter
+# that teaches it ("rotary" found chapter 7, where RoPE is derived, fifth: chapters that only use
+# rotary positions, the history and the serving chapter, say "rotary" more densely). The sentence
+# is in the index only (the page is unchanged); a result may show it as its snippet.
+INTRODUCES = {
+    "00_setup_and_notation": ["the notation", "device selection"],
+    "01_tokens_and_embeddings": ["tokens", "tokenisation", "byte pair encoding (BPE)", "embeddings",
+                                 "image patches", "audio frames", "receptive fields"],
+    "02_attention_as_averaging": ["attention as a weighted average", "softmax", "queries and keys",
+                                  "additive (Bahdanau) attention", "dot-product (Luong) attention"],
+    "03_why_scale": ["scaled dot-product attention", "the 1/√D_K scale", "softmax saturation"],
+    "04_self_attention": ["self-attention", "queries, keys and values", "attention maps"],
+    "05_multi_head_attention": ["multi-head attention", "attention heads", "W_O"],
+    "06_permutation_equivariance": ["permutation equivariance", "attention as message passing"],
+    "07_positional_information": ["positional encoding", "sinusoidal positions", "learned positions",
+                                  "rotary position embedding (RoPE)", "2D positions"],
+    "08_mlp_residuals_layernorm": ["the MLP (feed-forward network)", "GELU", "residual connections",
+                                   "layer normalisation (LayerNorm)", "Pre-LN and Post-LN"],
+    "09_encoder": ["the transformer block", "the encoder"],
+    "10_training_from_scratch": ["cross-entropy", "backpropagation", "AdamW", "learning-rate warm-up",
+                                 "gradient clipping", "mixed precision (bf16)"],
+    "11_decoders": ["the decoder", "the causal mask", "teacher forcing", "sampling and temperature",
+                    "top-k and nucleus sampling", "the KV cache"],
+    "12_encoder_decoder": ["cross-attention", "encoder-decoder (seq2seq)", "beam search"],
+    "13_language_model": ["the language model", "bits per character", "Kneser-Ney n-grams",
+                          "compression", "dynamic evaluation"],
+    "14_modern_decoder": ["the modern decoder", "RMSNorm", "SwiGLU", "grouped-query attention (GQA)",
+                          "Llama"],
+    "15_vision_transformer": ["the Vision Transformer (ViT)", "patch embedding", "the class token",
+                              "attention rollout"],
+    "16_cost": ["FLOPs", "the cost of attention", "memory", "MFU"],
+    "17_efficient_attention": ["efficient attention", "online softmax", "FlashAttention (tiled attention)",
+                               "sliding-window attention", "linear attention"],
+    "18_parallel_training": ["parallel training", "data parallelism (DDP)", "ZeRO", "FSDP",
+                             "tensor parallelism", "pipeline parallelism", "ring attention"],
+    "19_experts_and_adapters": ["mixture of experts (MoE)", "routers", "load balancing",
+                                "low-rank adaptation (LoRA)"],
+    "20_serving": ["multi-head latent attention (MLA)", "context extension (PI, NTK, YaRN)",
+                   "attention sinks", "quantisation (int8, int4)", "speculative decoding"],
+    "21_induction_heads": ["induction heads", "previous-token heads", "the phase change"],
+    "22_in_context_learning": ["in-context learning", "in-context linear regression"],
+    "23_attention_as_recurrence": ["attention as a recurrence", "the delta rule (DeltaNet)",
+                                   "Gated DeltaNet", "state-space duality (Mamba-2)", "hybrid models"],
+    "24_instruction_tuning": ["instruction tuning", "chat templates", "loss masking", "packing"],
+    "25_evaluation": ["evaluation", "verifiers", "pass@k", "confidence intervals", "contamination"],
+}
+INTRODUCES_WEIGHT = 10.0
 
 
 def build_index(outdir: Path) -> int:
@@ -131,7 +197,7 @@ def build_index(outdir: Path) -> int:
             rel = path.relative_to(outdir)
             if rel.as_posix() in SKIP or rel.parts[0] in ("_static", "_sources", "_images", "pagefind"):
                 continue
-            content = page_for_index(path.read_text(encoding="utf-8"))
+            content = page_for_index(path.read_text(encoding="utf-8"), rel.as_posix())
             if content is None:
                 continue
             (Path(tmp) / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,10 @@ window.addEventListener("DOMContentLoaded", () => {
     bundlePath: new URL(box.dataset.bundle, window.location.href).pathname,
     baseUrl: base,
     showSubResults: true,
+    // a long chapter that teaches a term must not lose to a short page that only mentions it:
+    // Pagefind's page-length normalisation lowered from 0.75 (with the weights of
+    // book/_ext/tfbook_search.py, each of the browser test's queries finds its chapter first)
+    ranking: { pageLength: 0.3 },
     showImages: false,
     excerptLength: 24,
     resetStyles: false,
