@@ -8,12 +8,12 @@ from exercise_harness import code, exercise_tests, variant
 
 CHAPTERS = ("21_induction_heads",)
 
-_PREFIX = """
-def prefix_match(P, ids):
+_DUPLICATE = """
+def duplicate_score(P, ids):
     P, ids = np.asarray(P, dtype=float), np.asarray(ids)
     total, count = 0.0, 0
     for t in range(len(ids)):
-        js = [j for j in range(1, t) if ids[j - 1] == ids[t]]
+        js = [j for j in RANGE if ids[J] == ids[t]]
         if js:
             total += P[t, JS].sum()
             count += 1
@@ -21,16 +21,18 @@ def prefix_match(P, ids):
 """
 
 
-def _prefix(**change):
-    """Exercise 21.1's answer, with the mistake put in by replacing one of its upper-case parts."""
-    return variant(_PREFIX, dict(JS="js", COUNT="count", EMPTY='float("nan")'), **change)
+def _duplicate(**change):
+    """Exercise 21.1's answer, with the mistake put in by replacing one of its upper-case parts
+    (JS before J: the placeholders are replaced in this order)."""
+    return variant(_DUPLICATE, dict(RANGE="range(t)", JS="js", J="j", COUNT="count", EMPTY='float("nan")'), **change)
 
 
 MISTAKES = {"21_induction_heads": {
     "ex21-1-prefix-match-tests": {
-        "the match itself": (_prefix(JS="[j - 1 for j in js]"), "not on the position right after it"),
-        "every query": (_prefix(COUNT="len(ids)"), "only the queries whose token occurred before count"),
-        "zero for no repeats": (_prefix(EMPTY="0.0"), "return nan"),
+        "prefix matching": (_duplicate(RANGE="range(1, t)", J="j - 1"), "the position right after the earlier copy"),
+        "every query": (_duplicate(COUNT="len(ids)"), "only the queries whose token occurred before count"),
+        "the query itself": (_duplicate(RANGE="range(t + 1)"), "the query's own position"),
+        "zero for no repeats": (_duplicate(EMPTY="0.0"), "return nan"),
     },
     "ex21-2-offset-tests": {
         "the earlier copy itself": (code("prediction_offset = 29"), "attends to the earlier copy of the query's own token"),

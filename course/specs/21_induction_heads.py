@@ -2,7 +2,7 @@
 
 HIDDEN = {
     "ex21-1-prefix-match-tests": {
-        "A0": "random causal patterns on a sequence of twelve tokens from four symbols (many repeats), against the chapter's function",
+        "A0": "random causal patterns on a sequence of twelve tokens from four symbols (many repeats), against the weight on earlier copies (j < t) averaged over the queries that have one",
         "A1": "another random pattern and sequence of the same kind",
         "A2": "a third random pattern and sequence of the same kind",
     },
