@@ -1,4 +1,5 @@
-"""Make the first code cell of every chapter start with the Colab install snippet.
+"""Make the first code cell of every chapter start with the Colab install snippet, and put an
+"Open in Colab" link under each chapter's title (a markdown cell, id ``colab-link``).
 
 The rocket button of a chapter opens the notebook in Google Colab, which has NumPy,
 PyTorch and Matplotlib but not tfbook. The snippet installs the book's package there
@@ -26,7 +27,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout: the package next to tools/
-from tfbook._colab import MARKER, snippet, strip_snippet  # noqa: E402,F401  (MARKER: for the tests)
+from tfbook._colab import MARKER, badge, is_badge_cell, snippet, strip_snippet  # noqa: E402,F401  (MARKER: for the tests)
 
 
 def repository(config: Path = ROOT / "_config.yml") -> tuple[str, str]:
@@ -51,6 +52,24 @@ def apply(nb, text: str) -> bool:
     return [c.source for c in code] != before
 
 
+def apply_badge(nb, text: str) -> bool:
+    """Put the Colab link cell ``text`` right after the first cell (the title); True if changed."""
+    import nbformat
+
+    old = [c for c in nb.cells if is_badge_cell(c)]
+    if len(old) == 1 and nb.cells.index(old[0]) == 1 and old[0].source == text:
+        return False
+    nb.cells = [c for c in nb.cells if not is_badge_cell(c)]
+    cell = nbformat.v4.new_markdown_cell(text)
+    cell.id = "colab-link"
+    nb.cells.insert(1, cell)
+    return True
+
+
+def has_badge(nb, text: str) -> bool:
+    return len(nb.cells) > 1 and is_badge_cell(nb.cells[1]) and nb.cells[1].source == text
+
+
 def has_snippet(nb, text: str) -> bool:
     code = [c for c in nb.cells if c.cell_type == "code"]
     return bool(code) and code[0].source.startswith(text.rstrip("\n"))
@@ -62,20 +81,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, default=ROOT / "_config.yml")
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a notebook lacks it")
     args = parser.parse_args(argv)
-    text = snippet(*repository(args.config))
+    url, branch = repository(args.config)
+    text = snippet(url, branch)
     paths = args.notebooks or sorted((ROOT / "notebooks").glob("*.ipynb"))
     bad = []
     for path in paths:
         nb = nbformat.read(str(path), as_version=4)
+        link = badge(url, branch, Path(path).resolve().relative_to(ROOT).as_posix())
         if args.check:
-            if not has_snippet(nb, text):
+            if not (has_snippet(nb, text) and has_badge(nb, link)):
                 bad.append(path)
-        elif apply(nb, text):
+        elif apply(nb, text) | apply_badge(nb, link):
             nbformat.write(nb, str(path))
             print(f"updated {path}")
     for path in bad:
-        print(f"{path}: the first code cell does not start with the Colab snippet "
-              f"(run python tools/colab_cell.py)", file=sys.stderr)
+        print(f"{path}: the first code cell does not start with the Colab snippet, or the Colab link "
+              f"does not follow the title (run python tools/colab_cell.py)", file=sys.stderr)
     return 1 if bad else 0
 
 

@@ -52,7 +52,7 @@ from nbgrader.preprocessors import ClearHiddenTests, ClearSolutions
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tfbook._colab import strip_snippet  # noqa: E402
+from tfbook._colab import strip_badge, strip_snippet  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "book" / "_ext"))
 from tfbook_search import tex_to_text  # noqa: E402  (TeX in titles -> text, as in search snippets)
@@ -433,6 +433,7 @@ def stage(mode: str, out: Path, notebooks: Path, root: Path = ROOT, pdf: Path | 
     staged = sorted((out / "notebooks").glob("*.ipynb"))
     for path in staged:
         nb = nbformat.read(path, as_version=4)
+        strip_badge(nb)  # the notebook's own "Open in Colab" link: the site has launch buttons
         try:
             nb = add_fails_if(transform(strip_title_number(nb)))
             for cell in add_alt_texts(nb):
