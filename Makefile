@@ -5,6 +5,7 @@
 #   make test         run the whole test suite (installs what it needs first)
 #   make release      student notebooks (no solutions, no hidden tests) into _build/release
 #   make grade SUBMISSIONS=folder   autograde a folder of submissions into _build/grades
+#                                   (sharded: python -m tfbook.course plan ... --out plan.json, then SHARD=k/N PLAN=plan.json)
 SHELL := /bin/bash
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -143,7 +144,7 @@ fresh-env-check: $(STAMP)
 
 # ---- graded exercises (see the README, "Graded exercises") -------------------------
 #   make release                          student notebooks into _build/release/<chapter>/
-#   make grade SUBMISSIONS=path/to/folder [TIMEOUT=60] [JOBS=<cores>] [SHARD=k/N]
+#   make grade SUBMISSIONS=path/to/folder [TIMEOUT=60] [JOBS=<cores>] [SHARD=k/N PLAN=plan.json]
 #                                         grades.csv, exercises.csv/.png, feedback/ in _build/grades/
 # Every submission runs in a bubblewrap sandbox (Debian's package, installed here like
 # chromium for the tests). nbgrader (release) starts `alembic` from PATH: venv bin first.
@@ -165,8 +166,8 @@ release: $(STAMP)
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m tfbook.course release
 
 grade: $(STAMP) bwrap
-	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=path/to/folder [TIMEOUT=60] [JOBS=2] [SHARD=k/N]" >&2; exit 2; }
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m tfbook.course grade "$(SUBMISSIONS)" --timeout "$(TIMEOUT)" --jobs "$(JOBS)" $(if $(SHARD),--shard "$(SHARD)" --out "_build/grades-$(subst /,-of-,$(SHARD))")
+	@test -n "$(SUBMISSIONS)" || { echo "usage: make grade SUBMISSIONS=path/to/folder [TIMEOUT=60] [JOBS=2] [SHARD=k/N PLAN=plan.json]" >&2; exit 2; }
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m tfbook.course grade "$(SUBMISSIONS)" --timeout "$(TIMEOUT)" --jobs "$(JOBS)" $(if $(SHARD),--shard "$(SHARD)" --out "_build/grades-$(subst /,-of-,$(SHARD))") $(if $(PLAN),--plan "$(PLAN)")
 
 clean:
 	rm -rf _build _stage _vendor
