@@ -259,11 +259,16 @@ def ngram_overlap(items, train_ids, n, vocab_size):
     if len(ts) != 1:
         raise ValueError(f"train_ids must be (N,), got {ts}")
     train = np.unique(_ngram_codes(train_ids, n, vocab_size))
-    out = np.zeros(len(items), dtype=np.float64)
+    codes = []
     for i, item in enumerate(items):
         if len(V.shape_of(item)) != 1:
             raise ValueError(f"items[{i}] must be (L,), got {V.shape_of(item)}")
-        codes = _ngram_codes(item, n, vocab_size)
-        if codes.size:
-            out[i] = np.isin(codes, train).mean()
+        codes.append(_ngram_codes(item, n, vocab_size))
+    found = np.isin(np.concatenate(codes + [np.zeros(0, dtype=np.int64)]), train)  # one search for all items
+    out = np.zeros(len(items), dtype=np.float64)
+    start = 0
+    for i, c in enumerate(codes):
+        if c.size:
+            out[i] = found[start:start + c.size].mean()
+        start += c.size
     return out

@@ -232,12 +232,17 @@ def ngram_overlap(items, train_ids, n, vocab_size):
     if train_ids.ndim != 1:
         raise ValueError(f"train_ids must be (N,), got {tuple(train_ids.shape)}")
     train = torch.unique(_ngram_codes(train_ids, n, vocab_size))
-    out = torch.zeros(len(items), dtype=torch.float64)
+    codes = []
     for i, item in enumerate(items):
         item = _t(item)
         if item.ndim != 1:
             raise ValueError(f"items[{i}] must be (L,), got {tuple(item.shape)}")
-        codes = _ngram_codes(item, n, vocab_size)
-        if codes.numel():
-            out[i] = torch.isin(codes, train).double().mean()
+        codes.append(_ngram_codes(item, n, vocab_size))
+    found = torch.isin(torch.cat(codes + [torch.zeros(0, dtype=torch.long)]), train)  # one search for all items
+    out = torch.zeros(len(items), dtype=torch.float64)
+    start = 0
+    for i, c in enumerate(codes):
+        if c.numel():
+            out[i] = found[start:start + c.numel()].double().mean()
+        start += c.numel()
     return out
