@@ -239,8 +239,9 @@ def _data_parallel_worker(rank: int, world_size: int, port: int, cfg_dict: dict,
                           timeout: float) -> None:
     """One rank of data parallelism: DDP-style SGD on its shard of every batch; saves ``rank<r>.pt``.
 
-    The time spent inside ``all_reduce`` (the communication) is measured apart from the rest
-    of the step (the computation).
+    The time spent inside the gradients' ``all_reduce`` (the communication) is measured apart
+    from the rest of the step (the computation); so is the one-number ``all_reduce`` of the loss
+    that each step makes for the report only (``report_seconds``), which training does not need.
     """
     dist = _init_group(rank, world_size, port, timeout)
     cfg = DPConfig(**cfg_dict)
@@ -250,7 +251,7 @@ def _data_parallel_worker(rank: int, world_size: int, port: int, cfg_dict: dict,
         for p in model.parameters():
             dist.broadcast(p.data, src=0)
         local_losses, losses, grads = [], [], None
-        comm = 0.0
+        comm = report = 0.0
         dist.barrier()  # start the clocks together
         t0 = time.perf_counter()
         for x, y in make_batches(cfg):
@@ -267,13 +268,15 @@ def _data_parallel_worker(rank: int, world_size: int, port: int, cfg_dict: dict,
                 grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
             _sgd_step(model, cfg.lr)
             total = loss.detach().clone()
+            tr = time.perf_counter()
             dist.all_reduce(total, op=dist.ReduceOp.SUM)  # for the report only, not part of training
+            report += time.perf_counter() - tr
             local_losses.append(loss.item())
             losses.append(total.item() / world_size)
         seconds = time.perf_counter() - t0
         torch.save({"rank": rank, "world_size": world_size, "losses": losses, "local_losses": local_losses,
                     "grads": grads, "params": {n: p.detach().clone() for n, p in model.named_parameters()},
-                    "seconds": seconds, "comm_seconds": comm},
+                    "seconds": seconds, "comm_seconds": comm, "report_seconds": report},
                    Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -384,8 +387,9 @@ def run_data_parallel(cfg: DPConfig = DPConfig(), world_size: int = 2, timeout: 
 
     Each dict has ``losses`` (global mean loss per step), ``local_losses``, ``grads`` (the
     all-reduced gradients of the first step), ``params`` (after the last step),
-    ``seconds`` (the training loop's wall time) and ``comm_seconds`` (the part of it spent
-    in the gradient all-reduce). Raises ``TimeoutError`` (after killing every worker) if the
+    ``seconds`` (the training loop's wall time), ``comm_seconds`` (the part of it spent
+    in the gradient all-reduce) and ``report_seconds`` (the part spent in the loss's
+    report-only all-reduce). Raises ``TimeoutError`` (after killing every worker) if the
     run takes longer than ``timeout`` seconds, and re-raises a worker's error.
 
     ``start_method`` is ``"spawn"`` (a fresh interpreter per worker: safe everywhere, but each
