@@ -703,7 +703,7 @@ def text_splits() -> tuple[bytes, bytes, bytes]:
     return text[:a], text[a:b], text[b:]
 
 
-KN_ORDERS = (4, 6, 8, 10, 12, 16)
+KN_ORDERS = (4, 6, 8, 10, 12, 16, 20, 24)
 PPMD_ORDERS = (4, 6, 8, 10, 12, 16, 24, 32)
 
 
