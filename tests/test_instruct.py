@@ -119,3 +119,13 @@ def test_shipped_bars():
             run = res["runs"][f"{method}_seed{s}"]
             assert mean(run["test"]) > 0.2, (method, s)
             assert run["bpc"] > res["bpc_base"] + 0.5, (method, s)  # forgetting is measured, and large
+
+
+def test_scores_leaves_the_model_in_its_dtype():
+    # scores works in float64 and must hand the model back as it came (it once forced float32,
+    # so a float64 model sampled afterwards silently ran in float32)
+    items = [x for t in I.TASKS for x in I.data().validation[t][:2]]
+    for dtype in (torch.float32, torch.float64):
+        model = I.base_model().to(dtype)
+        I.scores(model, items)
+        assert {p.dtype for p in model.parameters()} == {dtype}

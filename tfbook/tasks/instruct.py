@@ -303,14 +303,15 @@ def encode_items(items: list, T: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
 def scores(model: DecoderLM, items: list, dtype=torch.float64) -> tuple[np.ndarray, np.ndarray]:
     """``(exact, logprob)`` per item (``(prompt, answer)`` pairs): greedy exact match and the
     log-probability of sampling the answer, from one teacher-forced pass in ``dtype``
-    (:func:`tfbook.torch.assistant.answer_scores`)."""
+    (:func:`tfbook.torch.assistant.answer_scores`); the model is left in the dtype it came in."""
     tok = tokenizer()
     ids, doc = encode_items(items)
+    dtype0 = next(model.parameters()).dtype                   # the caller's, restored afterwards
     m = model.to(dtype)
     try:
         exact, logprob = A.answer_scores(m, ids, doc, tok.assistant_id, tok.end_id)
     finally:
-        model.float()
+        model.to(dtype0)
     return exact.numpy().astype(int), logprob.double().numpy()
 
 
