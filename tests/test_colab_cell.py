@@ -146,3 +146,38 @@ def test_released_student_notebooks_install_the_package_not_the_snippet(tmp_path
     written = release([chapter], out=tmp_path / "private", verbose=False, install=f"tfbook[book,course] @ {wheel}")
     student = next(iter(written.values())).read_text(encoding="utf-8")
     assert url not in student and wheel in student
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.stem)
+def test_colab_link_follows_the_title(path):
+    """Issue 38: each notebook carries an "Open in Colab" link under its title (a plain link: the
+    book loads nothing from another host), for readers who open the file itself."""
+    nb = nbformat.read(str(path), as_version=4)
+    url, branch = colab_cell.repository()
+    assert colab_cell.has_badge(nb, colab_cell.badge(url, branch, f"notebooks/{path.name}")), \
+        f"{path.name}: no Colab link after the title; run `python tools/colab_cell.py`"
+    assert sum(colab_cell.is_badge_cell(c) for c in nb.cells) == 1
+
+
+def test_colab_link_is_left_out_of_every_edition(tmp_path):
+    """The site has launch buttons, and the course edition must not link to the repository."""
+    from tfbook._colab import strip_badge
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# Title"),
+                                         nbformat.v4.new_markdown_cell(colab_cell.badge(
+                                             "https://github.com/a/b", "main", "notebooks/x.ipynb")),
+                                         nbformat.v4.new_code_cell("1")])
+    assert "colab.research.google.com/github/a/b/blob/main/notebooks/x.ipynb" in nb.cells[1].source
+    strip_badge(nb)
+    assert [c.cell_type for c in nb.cells] == ["markdown", "code"]
+
+
+def test_released_notebooks_lose_the_colab_link():
+    """A student's released notebook must not link to the repository's copy (it holds the solutions)."""
+    from tfbook.course.release import strip_test_markers
+
+    nb = nbformat.read(str(ROOT / "notebooks" / "03_why_scale.ipynb"), as_version=4)
+    assert any(colab_cell.is_badge_cell(c) for c in nb.cells)
+    strip_test_markers(nb)
+    assert not any(colab_cell.is_badge_cell(c) for c in nb.cells)
+    assert not any("colab.research.google.com" in c.source for c in nb.cells)

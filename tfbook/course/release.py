@@ -263,9 +263,11 @@ _TEST_MARKER = re.compile(r"^\s*#\s*NBVAL_[A-Z_]+\s*$")
 
 def strip_test_markers(nb):
     """Remove the test suite's ``# NBVAL_...`` comment lines and the Colab install snippet
-    (it names the repository, which holds the solutions) from every code cell (in place)."""
-    from tfbook._colab import strip_snippet
+    (it names the repository, which holds the solutions) from every code cell, and the "Open in
+    Colab" link cell (it opens the repository's notebook, solutions included) (in place)."""
+    from tfbook._colab import strip_badge, strip_snippet
 
+    strip_badge(nb)
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.source = strip_snippet(cell.source)
