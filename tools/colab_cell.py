@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = []
     for path in paths:
         nb = nbformat.read(str(path), as_version=4)
-        link = badge(url, branch, Path(path).resolve().relative_to(ROOT).as_posix())
+        link = badge(url, branch, f"notebooks/{Path(path).name}")  # where the chapter lives in the repository
         if args.check:
             if not (has_snippet(nb, text) and has_badge(nb, link)):
                 bad.append(path)
