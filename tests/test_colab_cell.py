@@ -90,8 +90,10 @@ def test_tool_inserts_updates_and_never_duplicates(copies, tmp_path):
         # the rest of the notebook is as it was: the cell's own code, outputs, other cells
         assert colab_cell.strip_snippet(first.source) == _first_code(before).source
         assert first.outputs == _first_code(before).outputs
-        assert [c.source for c in nb.cells if c is not first] == \
-            [c.source for c in before.cells if c is not _first_code(before)]
+        assert [c.source for c in nb.cells if c is not first and not colab_cell.is_badge_cell(c)] == \
+            [c.source for c in before.cells if c is not _first_code(before) and not colab_cell.is_badge_cell(c)]
+        # the Colab link follows the fork too
+        assert "colab.research.google.com/github/someone/fork/blob/dev/notebooks/" in nb.cells[1].source
 
     # a snippet that ended up in a later code cell (a cell was inserted above) moves up
     nb = nbformat.read(str(copies[0]), as_version=4)
