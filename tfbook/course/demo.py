@@ -321,10 +321,11 @@ SYNTH_ANSWERS = {
 }
 
 
-def synthetic_master():
-    """The master notebook of the synthetic chapter (nbgrader metadata, solutions, hidden tests)."""
+def synthetic_master(spec=None):
+    """The master notebook of the synthetic chapter (nbgrader metadata, solutions, hidden tests);
+    ``spec``: other ``(kind, (grade_id, graded, points) or None, source)`` rows (default SYNTH_CELLS)."""
     cells = []
-    for kind, meta, src in SYNTH_CELLS:
+    for kind, meta, src in (SYNTH_CELLS if spec is None else spec):
         cell = nbformat.v4.new_code_cell(src) if kind == "code" else nbformat.v4.new_markdown_cell(src)
         if meta:
             gid, graded, points = meta
