@@ -203,7 +203,8 @@ def train(model: nn.Module, loss_fn: Callable, batch_fn: Callable, steps: int, *
           maximize: bool = False, patience: int | None = None, keep_best: bool = False,
           seed: int = 0, threads: int | None = None, deterministic: bool = False,
           disable: bool = False, desc: str = "training",
-          callbacks: Iterable[Callable] = (), device=None) -> History:
+          callbacks: Iterable[Callable] = (), device=None,
+          optimizer: Callable | None = None) -> History:
     """Train ``model`` in place with AdamW for up to ``steps`` steps; return its :class:`History`.
 
     The one training loop. :func:`tfbook.torch.models.train_steps` is its short form
@@ -263,6 +264,11 @@ def train(model: nn.Module, loss_fn: Callable, batch_fn: Callable, steps: int, *
         ``callbacks`` get the model on this device: an ``eval_fn`` with data of its own moves
         it to ``next(model.parameters()).device``. A device that is not there raises
         ``ValueError``.
+    optimizer : callable, optional
+        ``optimizer(model, lr, weight_decay) -> torch.optim.Optimizer``, called once the model
+        is on its device; default ``torch.optim.AdamW(model.parameters(), lr=lr,
+        weight_decay=weight_decay)``. The schedule sets every parameter group's ``lr`` to the
+        step's rate (chapter 10's Muon with AdamW: :class:`tfbook.torch.optim.MuonAdamW`).
 
     The same model initialisation, arguments and seed give the same losses on the same
     machine and thread count. A non-finite loss raises ``ValueError``.
@@ -313,7 +319,13 @@ def train(model: nn.Module, loss_fn: Callable, batch_fn: Callable, steps: int, *
         if device is not None:
             model.to(device)
         generator = torch.Generator().manual_seed(seed)
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+        if optimizer is None:
+            opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+        else:
+            opt = optimizer(model, lr, weight_decay)
+            if not isinstance(opt, torch.optim.Optimizer):
+                raise ValueError(f"optimizer(model, lr, weight_decay) must return a "
+                                 f"torch.optim.Optimizer, got {type(opt).__name__}")
         one_cycle = None
         if name == "one_cycle":
             pct_start = _check_schedule(schedule, steps)[1]
