@@ -81,6 +81,38 @@ def test_alt_text_of_the_author_wins_and_a_cell_without_titles_is_listed():
     assert alt == "Figure in “Chapter”, section “Section two”" and ".png" not in alt
 
 
+def test_alt_text_read_from_the_figure_has_its_values():
+    """tools/figure_alt.py reads titles, labels, ranges and legends from the Figure itself, so a
+    title set as f"T = {T}" reads "T = 64" (the source-made text could only say "…")."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import figure_alt
+
+    T = 64
+    fig, (left, right) = plt.subplots(1, 2)
+    left.plot(range(T), [t * t for t in range(T)], label="squares")
+    left.set(title=f"T = {T}", xlabel="position $p$", ylabel="loss", yscale="log", xlim=(0, 63))
+    left.legend()
+    right.imshow([[0.0] * 7] * 5)
+    right.set_xlabel("key position")
+    fig.colorbar(right.images[0], ax=right)
+    text = figure_alt.describe(fig)
+    plt.close(fig)
+    assert text.startswith("Figure: 2 panels. Left: T = 64; loss (from ") and "log scale" in text
+    assert "against position p (from 0 to 63); legend: squares." in text
+    assert text.endswith("Right: image of 5 x 7 cells, rows down, key position across.")
+
+
+def test_alt_text_read_at_execution_beats_the_source_and_the_author_beats_both():
+    cell = figure_cell('ax.set_title(f"T = {T}")')
+    cell.outputs[0]["metadata"] = {"alt": "Figure: T = 64; y (from 0 to 1) against x (from 0 to 9)."}
+    assert alt_of(cell) == "Figure: T = 64; y (from 0 to 1) against x (from 0 to 9)."
+    cell = figure_cell('ax.set_title(f"T = {T}")', alt="Heat map of P: each row sums to one")
+    cell.outputs[0]["metadata"] = {"alt": "Figure: T = 64."}
+    assert alt_of(cell) == "Heat map of P: each row sums to one"
+
+
 def test_every_committed_figure_gets_an_alt_text_from_its_cell():
     """Each figure of the chapters has an alt text from its author or its titles (no fallback)."""
     missing = {}

@@ -22,6 +22,7 @@ two entries (from ipykernel, without starting a kernel) and leaves cells and out
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -60,12 +61,15 @@ def set_kernel_metadata(nb, kernel: str = "python3") -> bool:
 
 
 def execute(path: Path, timeout: int = 120, kernel: str = "python3") -> float:
-    """Execute ``path`` in place and return the wall time in seconds."""
+    """Execute ``path`` in place and return the wall time in seconds.
+
+    The kernel starts with ``IPYTHONDIR=tools/ipython``, whose one startup file stores each
+    figure's alt text, read from the figure (``tools/figure_alt.py``), in its output's metadata."""
     nb = nbformat.read(str(path), as_version=4)
     client = NotebookClient(nb, timeout=timeout, kernel_name=kernel,
                             resources={"metadata": {"path": str(path.parent)}})
     start = time.perf_counter()
-    client.execute()
+    client.execute(env={**os.environ, "IPYTHONDIR": str(ROOT / "tools" / "ipython")})
     elapsed = time.perf_counter() - start
     set_kernel_metadata(nb, kernel)     # language_info: the kernel's reply, which nbclient stored
     nbformat.write(nb, str(path))

@@ -209,7 +209,9 @@ def add_fails_if(nb):
 # and the stage passes it to myst-nb (cell metadata mystnb.image.alt). A cell without one
 # gets a text made from its plotting calls' literal strings (titles, axis labels), e.g.
 # "Figure, 2 panels. Left: Activation functions (output against input x). Right: ...";
-# parts computed at run time (f-string fields) read "…". Never a file name.
+# parts computed at run time (f-string fields) read "…". Never a file name. A figure executed by
+# tools/execute_notebooks.py carries a better one, read from the figure itself with its values
+# (tools/figure_alt.py), which the stage uses before the one made from the source.
 TITLE_CALLS = {"set_title": "title", "title": "title", "suptitle": "suptitle",
                "set_xlabel": "x", "xlabel": "x", "set_ylabel": "y", "ylabel": "y"}
 PANEL_NAMES = {2: ("Left", "Right"), 3: ("Left", "Middle", "Right")}
@@ -302,7 +304,9 @@ FIGURE_SIZE = re.compile(r"with (\d+) Axes")
 def add_alt_texts(nb) -> list[str]:
     """Set the alt text of every output figure (in place); return the cells that had no source for one.
 
-    The author's ``tfbook.alt`` wins; otherwise :func:`generated_alt`; a cell with neither
+    The author's ``tfbook.alt`` wins; then the text read from the figure itself when the cell was
+    executed (``tools/figure_alt.py``: titles and labels with their values, the axes' ranges,
+    legend entries; in the output's metadata); otherwise :func:`generated_alt`; a cell with none
     gets "Figure of <chapter title>, output of the cell after '<preceding heading>'" and is
     listed (stage_book prints the list: chapter authors should add ``tfbook.alt`` there)."""
     missing, heading, title = [], "", ""
@@ -320,6 +324,8 @@ def add_alt_texts(nb) -> list[str]:
         if not images:
             continue
         alt = ((cell.metadata.get("tfbook") or {}).get("alt") or "").strip()
+        if not alt:  # read from the figure when it was executed (tools/figure_alt.py)
+            alt = (images[0].get("metadata", {}).get("alt") or "").strip()
         if not alt:
             alt = generated_alt(cell.source)
         if not alt:
