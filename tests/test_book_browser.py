@@ -465,8 +465,7 @@ WIDE_EQUATIONS_JS = """(() => JSON.stringify([...document.querySelectorAll('div.
 
 # Pages with displayed equations that need line breaks (aligned): wider than the 390 px column even
 # at 60 % of the text, they scroll in their box with the cue (open, issue 38); every other page fits
-WIDE_AT_60 = {"notebooks/11_decoders.html", "notebooks/23_attention_as_recurrence.html",
-              "notebooks/24_instruction_tuning.html"}
+WIDE_AT_60 = {"notebooks/11_decoders.html"}
 
 
 def toc_chapters() -> list[str]:
