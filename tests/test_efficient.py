@@ -1,4 +1,4 @@
-"""Tests for tfbook.efficient: IO simulators, the recomputing backward pass, graph depth, FAVOR+."""
+"""Tests for tfbook.iosim: IO simulators, the recomputing backward pass, graph depth, FAVOR+."""
 import math
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tfbook import efficient as eff
+from tfbook import iosim as eff
 
 
 def _reference(Q, K, V):

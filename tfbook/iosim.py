@@ -1,4 +1,8 @@
-"""Efficient attention, measured: the pieces of chapter 17 that count rather than time.
+"""IO counting and recompute (chapter 17): the pieces of efficient attention that count rather than time.
+
+Its neighbours :mod:`tfbook.numpy.efficient` and :mod:`tfbook.torch.functional.efficient` compute
+attention efficiently (KV cache, blocked, tiled, linear); this module counts what such algorithms
+move and keep.
 
 * :class:`FastMemory` and the two IO simulators :func:`naive_attention_io` and
   :func:`tiled_attention_io` count the numbers moved between a slow memory (HBM) and a fast

@@ -49,7 +49,7 @@ PREFERRED = (
     "tfbook.data", "tfbook.bpe", "tfbook.numpy.backprop", "tfbook.numpy.optim",
     "tfbook.tasks",
     "tfbook.decoding", "tfbook.numpy.positions", "tfbook.numpy.vision", "tfbook.torch.functional.vision",
-    "tfbook.efficient", "tfbook.cost",
+    "tfbook.iosim", "tfbook.cost",
     "tfbook.measure", "tfbook.parallel", "tfbook.checks",
 )
 # Modules that only re-export others: described in the text, not listed.
