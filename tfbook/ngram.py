@@ -234,22 +234,96 @@ COMPRESSORS = {
 }
 
 
-def compressed_size(data: bytes, tool: str = "ppmd", **options) -> int:
+#: Python packages (PyPI wheels) that code as the programs above, used where installed
+#: (pinned in requirements.txt): pyppmd's Ppmd7 is 7-Zip's PPMd (variant H, the same range coder: a
+#: size differs from 7zz's archive by its fixed headers only, which cancel in compressed_bits), and
+#: zpaq's libzpaq with the CLI's input hints (method 5: within 2 bytes of Debian's zpaq on chapter
+#: 13's test slice; its levels 1 to 4 are not the CLI's methods 1 to 4 (on chapter 13's validation
+#: slice 0.23 bits per character apart at 1, 0.004-0.006 at 3 and 4), so "auto" runs the program for
+#: those where it is installed).
+LIBRARY_TOOLS = {"ppmd": "pyppmd", "zpaq": "zpaq"}
+
+
+def _library(tool: str, options: dict):
+    """The PyPI module that codes ``tool`` with these options, or None."""
+    if tool not in LIBRARY_TOOLS:
+        return None
+    try:
+        return __import__(LIBRARY_TOOLS[tool])
+    except ImportError:
+        return None
+
+
+def compressor_backend(tool: str, **options) -> str | None:
+    """What :func:`compressed_size` runs for ``tool`` with these options: the PyPI package's
+    name (``"pyppmd"``, ``"zpaq"``), the program's path, or None when neither is installed."""
+    if tool not in COMPRESSORS:
+        raise ValueError(f"tool must be one of {tuple(COMPRESSORS)}, got {tool!r}")
+    program = shutil.which(COMPRESSORS[tool](**options)[0])
+    if _library(tool, options) is not None and not (_prefer_program(tool, options) and program):
+        return LIBRARY_TOOLS[tool]
+    return program
+
+
+def _prefer_program(tool: str, options: dict) -> bool:
+    """zpaq's methods 1-4: the library's levels code differently, the program is the reference."""
+    return tool == "zpaq" and options.get("method", 5) != 5
+
+
+def _mem_bytes(mem) -> int:
+    """7-Zip's memory size ("256m", "1g", "65536b" or an int of bytes) in bytes."""
+    if isinstance(mem, (int, np.integer)) and not isinstance(mem, bool):
+        n = int(mem)
+    elif isinstance(mem, str) and mem[:-1].isdigit() and mem[-1].lower() in "bkmg":
+        n = int(mem[:-1]) << {"b": 0, "k": 10, "m": 20, "g": 30}[mem[-1].lower()]
+    else:
+        raise ValueError(f"mem must be bytes (int) or a size such as '256m', got {mem!r}")
+    if not 1 << 11 <= n <= 0xFFFFFFFF - 36:
+        raise ValueError(f"mem must be between 2 KB and 4 GB, got {mem!r}")
+    return n
+
+
+def compressed_size(data: bytes, tool: str = "ppmd", backend: str = "auto", **options) -> int:
     """Size in bytes of ``data`` compressed by ``tool`` (a key of :data:`COMPRESSORS`; ppmd
     takes ``order`` (2..32) and ``mem``, the model's memory, e.g. ``"256m"``; zpaq takes
-    ``method`` (1..5), run on one thread)."""
+    ``method`` (1..5), run on one thread). ``backend``: ``"auto"`` (the PyPI package of
+    :data:`LIBRARY_TOOLS` where installed, else the program), ``"library"`` or ``"cli"``.
+    The two backends' sizes differ by a fixed header (PPMd) or a few bytes (zpaq), which
+    :func:`compressed_bits` cancels."""
     if tool not in COMPRESSORS:
         raise ValueError(f"tool must be one of {tuple(COMPRESSORS)}, got {tool!r}")
     if not isinstance(data, (bytes, bytearray)):
         raise ValueError(f"data must be bytes, got {type(data).__name__}")
-    cmd = COMPRESSORS[tool](**options)
-    if shutil.which(cmd[0]) is None:
-        raise FileNotFoundError(f"{cmd[0]} is not installed (Debian: apt-get install "
-                                f"{'7zip' if cmd[0] == '7zz' else cmd[0]})")
+    if backend not in ("auto", "library", "cli"):
+        raise ValueError(f"backend must be 'auto', 'library' or 'cli', got {backend!r}")
     if tool == "zpaq":
         method = options.get("method", 5)
         if int(method) != method or not 1 <= method <= 5:
             raise ValueError(f"method must be an int in 1..5 for zpaq, got {method!r}")
+    if tool == "ppmd":
+        order = options.get("order", 6)
+        if int(order) != order or not 2 <= order <= 32:
+            raise ValueError(f"order must be an int in 2..32 for ppmd, got {order!r}")
+        mem = _mem_bytes(options.get("mem", "256m"))
+    lib = _library(tool, options) if backend != "cli" else None
+    if backend == "library" and lib is None:
+        raise FileNotFoundError(f"no installed library codes {tool} (pip install {LIBRARY_TOOLS.get(tool, tool)})")
+    if backend == "auto" and lib is not None and _prefer_program(tool, options) and shutil.which("zpaq"):
+        lib = None
+    if lib is not None and tool == "ppmd":
+        # 7-Zip cuts the model's memory to the smallest power of two (64 KB .. 2 GB) that is at least
+        # 16 times the input (PpmdEncoder.cpp, SetReduceSize): 32 MB for chapter 13's 1.2 MB, not 256 MB
+        reduced = next((1 << i for i in range(16, 32) if len(data) <= (1 << i) // 16), mem)
+        enc = lib.Ppmd7Encoder(int(order), min(mem, reduced))
+        return len(enc.encode(bytes(data)) + enc.flush(endmark=False))
+    if lib is not None and tool == "zpaq":
+        return len(lib.compress(bytes(data), level=int(method), threads=1, hints=True))
+    cmd = COMPRESSORS[tool](**options)
+    if shutil.which(cmd[0]) is None:
+        raise FileNotFoundError(f"{cmd[0]} is not installed (Debian: apt-get install "
+                                f"{'7zip' if cmd[0] == '7zz' else cmd[0]}"
+                                + (f"; or pip install {LIBRARY_TOOLS[tool]})" if tool in LIBRARY_TOOLS else ")"))
+    if tool == "zpaq":
         with tempfile.TemporaryDirectory() as d:
             src, arc = Path(d) / "text", Path(d) / "text.zpaq"
             src.write_bytes(bytes(data))
@@ -257,9 +331,6 @@ def compressed_size(data: bytes, tool: str = "ppmd", **options) -> int:
                            cwd=d)
             return arc.stat().st_size
     if tool == "ppmd":
-        order = options.get("order", 6)
-        if int(order) != order or not 2 <= order <= 32:
-            raise ValueError(f"order must be an int in 2..32 for ppmd, got {order!r}")
         with tempfile.TemporaryDirectory() as d:
             src, arc = Path(d) / "text", Path(d) / "text.7z"
             src.write_bytes(bytes(data))
@@ -268,14 +339,14 @@ def compressed_size(data: bytes, tool: str = "ppmd", **options) -> int:
     return len(subprocess.run(cmd, input=bytes(data), check=True, capture_output=True).stdout)
 
 
-def compressed_bits(train: bytes, text: bytes, tool: str = "ppmd", **options) -> float:
+def compressed_bits(train: bytes, text: bytes, tool: str = "ppmd", backend: str = "auto", **options) -> float:
     """Bits per byte of ``text`` coded after ``train``:
     ``8 * (size(train + text) - size(train)) / len(text)`` under ``tool``. The archive's
     fixed overhead (headers, the end of the stream) cancels in the difference."""
     if len(text) == 0:
         raise ValueError("text must not be empty")
-    both = compressed_size(bytes(train) + bytes(text), tool, **options)
-    return 8.0 * (both - compressed_size(bytes(train), tool, **options)) / len(text)
+    both = compressed_size(bytes(train) + bytes(text), tool, backend, **options)
+    return 8.0 * (both - compressed_size(bytes(train), tool, backend, **options)) / len(text)
 
 
 def fit_zpaq(train: bytes, validation: bytes, methods=(1, 2, 3, 4, 5)) -> tuple[int, dict]:
