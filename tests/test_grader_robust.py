@@ -1,6 +1,6 @@
 """Issue 37: a grader no student can stall, no file name can break, and no shard can lose a row.
 
-A small synthetic chapter (three exercises, 4 points) and a class of 13 students, graded once in
+A small synthetic chapter (three exercises, 4 points) and a class of students, graded once in
 the sandbox with 1 s limits; each student is one finding of the issue, scored as its honest work
 deserves. Unit tests beside it cover the wire's cost, the shard plan, the copied test cells, the
 precision rule and the instructor's log.
@@ -161,6 +161,11 @@ _seen.append(tfbook.__file__)
 _seen = "\\n".join(_seen)
 prediction = 0.5 if (ROOT in _seen or "/logs/" in _seen) else 0.25
 """.replace("ROOT", repr(str(ROOT)))
+# the point for ex97-3 only if the sandbox's mount table names no host path of the class, the
+# gradebook or the grader's temporary folder (issue 37: the job's files are copied in, not bound)
+MOUNTINFO = """_mounts = open("/proc/self/mountinfo").read() + open("/proc/self/mounts").read()
+prediction = 0.5 if any(s in _mounts for s in ("tfbook-grade-", "pytest-of-", "/subs", "robust")) else 0.25
+"""
 # the point for ex97-3 only if the grader's channel (the relay's stdin and stdout) is out of reach
 REACH = """import os
 _reached = False
@@ -206,6 +211,7 @@ STUDENTS = {
     "log_forger": (student(after=[LOG_FORGER]), 4, "graded", ""),
     "reach_channel": (student({"ex97-3-prediction": REACH}), 4, "graded", ""),
     "host_paths": (student({"ex97-3-prediction": HOST_PATHS}), 4, "graded", ""),
+    "mountinfo": (student({"ex97-3-prediction": MOUNTINFO}), 4, "graded", ""),
 }
 
 
@@ -308,6 +314,37 @@ def test_no_host_paths_in_the_sandbox(graded):
     at neutral paths, the editable install's path files blanked) nor the instructor's log (its
     stderr is a pipe): the probe's point (row host_paths) is scored only if it saw neither."""
     assert graded["rows"]["host_paths"].score == 4, graded["rows"]["host_paths"].reason
+
+
+def test_the_mount_table_names_no_host_path_of_the_class(graded):
+    """A submission reading /proc/self/mountinfo (and /proc/self/mounts) finds no path of the
+    class folder, the gradebook or the grader's temporary folder (row mountinfo scores its point
+    only then): bubblewrap copies the job's files in (``--ro-bind-data``) instead of binding
+    them. The venv's and the package's bind sources are still named there (said in sandbox.py)."""
+    assert graded["rows"]["mountinfo"].score == 4, graded["rows"]["mountinfo"].reason
+
+
+def test_the_job_is_copied_into_the_sandbox_not_bound(tmp_path):
+    why = course_sandbox.available()
+    if why:
+        pytest.skip(f"bubblewrap is not usable here: {why}")
+    secret = tmp_path / "class-folder-XYZ"
+    secret.mkdir()
+    (secret / "job.json").write_text('{"job": 1}', encoding="utf-8")
+    fds: list[int] = []
+    cmd = course_sandbox.bwrap_command({"job.json": secret / "job.json"},
+                                       [course_sandbox.python_inside(), "-c",
+                                        "print(open('/grading/job.json').read()); "
+                                        "print(open('/proc/self/mountinfo').read())"], fds=fds)
+    assert str(secret) not in cmd and len(fds) == 1
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, pass_fds=fds, timeout=60)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith('{"job": 1}')  # the job is there, read-only ...
+    assert "/grading/job.json" in done.stdout and "class-folder-XYZ" not in done.stdout  # ... from no host path
 
 
 def test_the_feedback_page_renders_the_books_roles(graded):

@@ -345,8 +345,10 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, budget: 
         files = {"job.json": scratch / "job.json"}
         files.update({f".matplotlib/{f.name}": f for f in sandbox.sandbox_font_caches()})
         uid = slot.uid if slot is not None and slot.uid is not None else sandbox.SANDBOX_UID
-        cmd, env, cwd = sandbox.bwrap_command(files, argv, limits, uid=uid), None, None
+        fds: list[int] = []  # the job's files, copied in by bubblewrap (no host path in the sandbox's mountinfo)
+        cmd, env, cwd = sandbox.bwrap_command(files, argv, limits, uid=uid, fds=fds), None, None
     else:
+        fds = []
         cmd, cwd = argv, str(scratch)
         env = {**os.environ, **sandbox.environment(str(scratch)),
                "PATH": os.environ.get("PATH", "")}
@@ -356,8 +358,13 @@ def run_attempt(job: dict, scratch: Path, calls_for, *, timeout: float, budget: 
     log.write_bytes(b"")
     # the sandbox's stderr comes to the grader through a pipe (never the log file itself: the
     # student's code could reopen that through /proc, rewrite it and read its host path)
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            cwd=cwd, env=env, preexec_fn=sandbox.preexec(limits, nproc, slot))
+    try:
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                cwd=cwd, env=env, preexec_fn=sandbox.preexec(limits, nproc, slot),
+                                pass_fds=fds)
+    finally:
+        for fd in fds:
+            os.close(fd)
     stderr_tail = _Tail()
     stderr_thread = threading.Thread(target=stderr_tail.read, args=(proc.stderr,), daemon=True)
     stderr_thread.start()

@@ -8,9 +8,14 @@ end: its scratch folder ``/grading`` (with its job, the notebook's cells, read o
 The virtual environment and the package appear at neutral paths (``/opt/tfbook/venv``,
 ``/opt/tfbook/src``; an editable install's path hook and ``direct_url.json``, which name the
 checkout, are covered by empty files), so the student's code does not learn where the checkout
-or the gradebook is from its own paths; the kernel's ``/proc/self/mountinfo`` still names the
-host folder each bind mount comes from (the venv's, hence the checkout's when the venv is inside
-it: keep the venv elsewhere to hide that too). Its standard error is a pipe to the grader, never
+or the gradebook is from its own paths. The job's files are copied in by bubblewrap, not bound,
+so ``/proc/self/mountinfo`` names no path of the grader's temporary folder, the class or the
+gradebook; it still names the host folder each *bind* mount comes from (the system's folders,
+the venv's and the package's, hence the checkout's when the venv or an editable install is
+inside it): the kernel writes the source's path within its file system there, which no mount
+option changes, and hiding it would mean copying the venv for every sandbox or covering
+``/proc`` (which the driver and the libraries read). Keep the venv and the package outside
+the checkout to hide that too. Its standard error is a pipe to the grader, never
 a file of the host. Nothing else: not the project checkout, not the master notebooks, not the grader's
 course folder, not another submission, not the gradebook, not the network
 (``--unshare-net``: only a loopback interface). It runs in its own PID namespace with
@@ -219,12 +224,18 @@ def environment(scratch_inside: str) -> dict[str, str]:
 
 
 def bwrap_command(files: dict[str, Path], argv: list[str], limits: Limits | None = None,
-                  uid: int = SANDBOX_UID) -> list[str]:
+                  uid: int = SANDBOX_UID, fds: list[int] | None = None) -> list[str]:
     """The bwrap command line that runs ``argv`` in the sandbox.
 
-    ``files`` maps paths relative to /grading to host files bound there read-only (the
+    ``files`` maps paths relative to /grading to host files put there read-only (the
     job, matplotlib's font cache). /grading itself, /tmp and /dev/shm are fresh tmpfs
-    of bounded size: nothing the submission writes reaches the host's disk."""
+    of bounded size: nothing the submission writes reaches the host's disk.
+
+    With ``fds`` (a list the caller owns), each file is opened here, its descriptor appended to
+    ``fds``, and bubblewrap copies it into the sandbox (``--ro-bind-data``) instead of binding the
+    host file: ``/proc/self/mountinfo`` then names bubblewrap's own deleted copy, not the host
+    path of the grader's temporary folder. The caller passes ``fds`` to the process
+    (``pass_fds``) and closes them once it started."""
     limits = limits or Limits()
     cmd = [bwrap_path()]
     made: set[str] = {"/"}
@@ -263,7 +274,11 @@ def bwrap_command(files: dict[str, Path], argv: list[str], limits: Limits | None
         if parent != INSIDE and parent not in made:
             cmd += ["--perms", "1777", "--dir", parent]
             made.add(parent)
-        cmd += ["--ro-bind", str(files[rel]), f"{INSIDE}/{rel}"]
+        if fds is None:
+            cmd += ["--ro-bind", str(files[rel]), f"{INSIDE}/{rel}"]
+        else:
+            fds.append(os.open(files[rel], os.O_RDONLY | os.O_CLOEXEC))
+            cmd += ["--perms", "0444", "--ro-bind-data", str(fds[-1]), f"{INSIDE}/{rel}"]
     cmd += ["--chdir", INSIDE,
             "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv"]
