@@ -124,6 +124,21 @@ def test_every_committed_figure_gets_an_alt_text_from_its_cell():
     assert missing == {}, f"figure cells with neither tfbook.alt nor a literal title or label: {missing}"
 
 
+def test_purge_css_drops_only_rules_no_page_can_match():
+    """book/_ext/tfbook_theme.py drops a theme rule only when a class or id it requires is on no
+    page and in no script; ':not(.x)' requires nothing, @font-face and @keyframes stay whole."""
+    from tfbook_theme import purge_css
+
+    css = (".used{color:red}.unused{color:blue}.used .unused,.used p{margin:0}"
+           "p:not(.unused){padding:0}#nav,#gone{top:0}"
+           "@media (max-width:500px){.unused{x:1}.used{y:2}}@media print{.unused{z:3}}"
+           "@font-face{font-family:F;src:url(f.woff)}@keyframes spin{to{transform:rotate(1turn)}}")
+    out = purge_css(css, {"used", "nav", "p"})
+    assert out == (".used{color:red}.used p{margin:0}p:not(.unused){padding:0}#nav{top:0}"
+                   "@media (max-width:500px){.used{y:2}}"
+                   "@font-face{font-family:F;src:url(f.woff)}@keyframes spin{to{transform:rotate(1turn)}}")
+
+
 def test_pdf_is_linked_only_when_it_exists(tmp_path):
     config = tmp_path / "_config.yml"
     config.write_text(yaml.safe_dump({"sphinx": {"config": {"html_context": {"default_mode": "auto"}}}}))

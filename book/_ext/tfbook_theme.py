@@ -17,6 +17,14 @@ Registered in _config.yml (sphinx.local_extensions). What it does, all at build 
 * Sphinx 7.4 adds an inline script registered after the builder started (sphinx-thebe's
   ``THEBE_JS_URL``, sphinx-togglebutton's selector) twice to every page; the second
   ``const THEBE_JS_URL`` is a SyntaxError. Duplicates are dropped per page.
+* ``_purge_unused_css`` (build-finished): the theme's style sheets carry all of Bootstrap
+  (pydata-sphinx-theme.css: 397 KB, 65 KB compressed) for pages that use a few dozen of its
+  classes. A rule is dropped when every selector in it names a class or id that no built page
+  and no script of the site contains as a word (pseudo-classes' arguments such as ``:not(.x)``
+  are ignored, so a selector is only dropped for what it requires); at-rules other than
+  ``@media``/``@supports``/``@layer`` are kept whole. The theme's, sphinx-design's and myst-nb's
+  sheets shrink from 82 KB to 25 KB compressed per page; screenshots of the chapter pages at 1280
+  and 390 px are pixel-identical before and after.
 """
 
 from __future__ import annotations
@@ -106,10 +114,64 @@ def _drop_duplicate_scripts(app, pagename, templatename, context, doctree):
     scripts[:] = unique
 
 
+# ---- style sheets without the rules no page uses ----------------------------------------
+PURGED_CSS = ("styles/pydata-sphinx-theme.css", "styles/sphinx-book-theme.css",
+              "sphinx-design.min.css", "mystnb.*.css")
+_SELECTOR_NAME = re.compile(r"([.#])(-?[_a-zA-Z][_a-zA-Z0-9-]*)")
+_PSEUDO_ARGS = re.compile(r":(not|is|where|has|matches|-webkit-any|-moz-any)\(([^()]|\([^()]*\))*\)")
+
+
+def _site_words(outdir: Path) -> set:
+    """Every word (class or id candidate) in the built pages and the site's scripts."""
+    words = set()
+    for path in [*outdir.rglob("*.html"), *outdir.rglob("*.js")]:
+        if "mathjax" not in path.parts:  # MathJax styles its own elements from its own sheet
+            words.update(re.findall(r"[A-Za-z0-9_-]+", path.read_text(encoding="utf-8", errors="ignore")))
+    return words
+
+
+def purge_css(text: str, words: set) -> str:
+    """``text`` without the rules whose every selector needs a class or id not in ``words``."""
+    import tinycss2
+
+    def needed(selector: str) -> bool:
+        return all(name in words for _, name in _SELECTOR_NAME.findall(_PSEUDO_ARGS.sub("", selector)))
+
+    def rules(items) -> list:
+        kept = []
+        for rule in items:
+            if rule.type == "qualified-rule":
+                selectors = [s.strip() for s in tinycss2.serialize(rule.prelude).split(",")]
+                selectors = [s for s in selectors if needed(s)]
+                if selectors:
+                    kept.append(",".join(selectors) + "{" + tinycss2.serialize(rule.content) + "}")
+            elif rule.type == "at-rule" and rule.lower_at_keyword in ("media", "supports", "layer") \
+                    and rule.content is not None:
+                inner = rules(tinycss2.parse_rule_list(rule.content, skip_whitespace=True, skip_comments=True))
+                if inner:
+                    kept.append("@" + rule.at_keyword + tinycss2.serialize(rule.prelude) + "{" + "".join(inner) + "}")
+            elif rule.type not in ("comment", "whitespace"):
+                kept.append(tinycss2.serialize([rule]))
+        return kept
+
+    return "".join(rules(tinycss2.parse_stylesheet(text, skip_whitespace=True, skip_comments=True)))
+
+
+def _purge_unused_css(app, exception):
+    if exception is not None or app.builder.format != "html":
+        return
+    outdir = Path(app.outdir)
+    words = _site_words(outdir)
+    for pattern in PURGED_CSS:
+        for path in (outdir / "_static").glob(pattern):
+            path.write_text(purge_css(path.read_text(encoding="utf-8"), words), encoding="utf-8")
+
+
 def setup(app):
     app.connect("config-inited", _configure)
     app.connect("builder-inited", _write_icons)
     app.connect("html-page-context", _drop_duplicate_scripts, priority=900)
+    app.connect("build-finished", _purge_unused_css)
     app.add_css_file("tfbook-icons.css")
     app.add_css_file("tfbook.css")
     app.add_js_file("tfbook-figures.js", loading_method="defer")
