@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import sys
 
 import pytest
 import torch
@@ -66,7 +67,7 @@ def test_communication_is_timed_apart_from_the_step(runs):
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_context_parallel_attention_equals_full_attention(world_size):
     results = parallel.run_context_parallel(CFG, world_size=world_size, timeout=240)
-    Q, K, V = parallel._attention_data(CFG)
+    Q, K, V = parallel.context._attention_data(CFG)
     expected = F.scaled_dot_product_attention(Q, K, V)
     n = CFG.attn_T // world_size
     assert [r["key_rows"] for r in results] == [(k * n, (k + 1) * n) for k in range(world_size)]
@@ -86,7 +87,7 @@ def test_data_parallel_worker_does_no_context_parallelism(runs):
 def test_gradient_accumulation_equals_the_large_batch(k):
     x, y = parallel.make_batches(CFG)[0]
     big = parallel.make_model(CFG)
-    parallel._loss(big, x, y).backward()
+    parallel.config._loss(big, x, y).backward()
     acc = parallel.make_model(CFG)
     parallel.accumulate_gradients(acc, x, y, micro_batches=k)
     for (n, p), q in zip(big.named_parameters(), acc.parameters()):
@@ -98,17 +99,17 @@ def test_gradient_accumulation_equals_the_large_batch(k):
 def test_gradient_accumulation_without_the_division_is_k_times_too_large():
     x, y = parallel.make_batches(CFG)[0]
     big = parallel.make_model(CFG)
-    parallel._loss(big, x, y).backward()
+    parallel.config._loss(big, x, y).backward()
     summed = parallel.make_model(CFG)
     for k in range(4):
-        parallel._loss(summed, parallel.shard(x, k, 4), parallel.shard(y, k, 4)).backward()
+        parallel.config._loss(summed, parallel.shard(x, k, 4), parallel.shard(y, k, 4)).backward()
     g_big = torch.cat([p.grad.flatten() for p in big.parameters()])
     g_sum = torch.cat([p.grad.flatten() for p in summed.parameters()])
     torch.testing.assert_close(g_sum, 4 * g_big, atol=1e-12, rtol=0)
 
 
 def test_start_method_is_spawn_wherever_cuda_is_present(monkeypatch):
-    monkeypatch.setattr(parallel.sys, "platform", "linux")
+    monkeypatch.setattr(sys, "platform", "linux")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     if getattr(torch, "accelerator", None) is not None:
         monkeypatch.setattr(torch.accelerator, "is_available", lambda: False)
@@ -116,7 +117,7 @@ def test_start_method_is_spawn_wherever_cuda_is_present(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert parallel.default_start_method() == "spawn"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(parallel.sys, "platform", "darwin")
+    monkeypatch.setattr(sys, "platform", "darwin")
     assert parallel.default_start_method() == "spawn"
 
 
@@ -264,13 +265,13 @@ def test_run_torchrun_rejects_bad_arguments():
 
 def test_run_engines_gives_torchrun_results_and_runs_this_process_code(engines, monkeypatch):
     """The launcher the chapter's mutations rerun a scheme with: same results as torchrun; with fork,
-    a function redefined in tfbook.parallel is the one the workers run (the ring scheme: 0.2 s)."""
+    a function redefined in its engine's module (tfbook.parallel.context) is the one the workers run (the ring scheme: 0.2 s)."""
     mine = parallel.run_engines(["ring"], CFG, world_size=2, timeout=120)
     for r, t in zip(mine, engines):
         assert r["rank"] == t["rank"] and r["ring"]["rows"] == t["ring"]["rows"]
         torch.testing.assert_close(r["ring"]["Z"], t["ring"]["Z"], atol=1e-12, rtol=0)
     if parallel.default_start_method() == "fork":
-        monkeypatch.setattr(parallel, "ring_attention", lambda q, k, v, rank, world, causal=True, chunks=4:
+        monkeypatch.setattr(parallel.context, "ring_attention", lambda q, k, v, rank, world, causal=True, chunks=4:
                             (torch.zeros_like(q), -1))
         assert all(r["ring"]["rows_held"] == -1 for r in parallel.run_engines(["ring"], CFG, 2, timeout=120))
     with pytest.raises(ValueError, match="schemes"):

@@ -1,0 +1,53 @@
+"""Parallel training (chapter 18): data parallelism by hand, and PyTorch's engines under ``torchrun``.
+
+One module per job:
+
+- :mod:`~tfbook.parallel.config`: the shared config (:class:`DPConfig`), model, data and shards;
+- :mod:`~tfbook.parallel.launch`: the launcher that starts the worker processes of this machine;
+- :mod:`~tfbook.parallel.ddp`: data parallelism, written by hand and as ``DistributedDataParallel``;
+- :mod:`~tfbook.parallel.zero`: ZeRO-1 and FSDP (sharded optimiser state, gradients, parameters);
+- :mod:`~tfbook.parallel.tensor`: tensor parallelism, a Megatron block split with DTensor;
+- :mod:`~tfbook.parallel.context`: context parallelism, online-softmax merges and ring attention;
+- :mod:`~tfbook.parallel.torchrun`: every engine as one ``torchrun`` script;
+- :mod:`~tfbook.parallel.cli`: the command line, ``python -m tfbook.parallel``
+  (``--schemes ddp,zero1,fsdp,tp,ring --out DIR`` under ``torchrun``).
+
+Pipeline and expert parallelism have no code here. The names the chapter uses are re-exported
+below.
+"""
+
+from __future__ import annotations
+
+from . import config, context, ddp, launch, tensor, torchrun, zero
+from .config import DPConfig, make_batches, make_model, shard
+from .context import merge_softmax_states, ring_attention, ring_data, run_context_parallel, softmax_state
+from .ddp import accumulate_gradients, ddp_buckets, run_data_parallel, single_process_run
+from .launch import default_start_method
+from .tensor import MegatronBlock, tp_data, tp_plan
+from .torchrun import SCHEMES, run_engines, run_torchrun, torchrun_command
+from .zero import single_process_adamw
+
+__all__ = [
+    "DPConfig",
+    "make_model",
+    "make_batches",
+    "shard",
+    "merge_softmax_states",
+    "softmax_state",
+    "single_process_run",
+    "run_data_parallel",
+    "run_context_parallel",
+    "accumulate_gradients",
+    "default_start_method",
+    "SCHEMES",
+    "run_torchrun",
+    "run_engines",
+    "torchrun_command",
+    "single_process_adamw",
+    "ring_attention",
+    "ring_data",
+    "MegatronBlock",
+    "tp_plan",
+    "tp_data",
+    "ddp_buckets",
+]
