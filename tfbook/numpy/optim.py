@@ -9,6 +9,10 @@ gradients give the same parameters to round-off (checked over 100 steps in the t
 * :func:`sgd_init`, :func:`sgd_step`: ``torch.optim.SGD(momentum=..., weight_decay=...)``;
 * :func:`adamw_init`, :func:`adamw_step`: ``torch.optim.AdamW`` (``decoupled=True``) or
   ``torch.optim.Adam`` with L2 weight decay folded into the gradient (``decoupled=False``);
+* :func:`newton_schulz`, :func:`muon_lr_ratio`, :func:`muon_init`, :func:`muon_step`:
+  ``torch.optim.Muon`` (momentum, Newton-Schulz orthogonalisation of the update, the
+  shape-aware learning rate), for 2-D weight matrices only; PyTorch's iterates in bfloat16,
+  these in the parameters' dtype;
 * :func:`clip_grad_norm`: ``torch.nn.utils.clip_grad_norm_``;
 * :func:`save_checkpoint`, :func:`load_checkpoint`: parameters, optimiser state, step and a
   NumPy generator's state in one ``.npz`` file, so that training resumes exactly.
@@ -31,6 +35,11 @@ __all__ = [
     "sgd_step",
     "adamw_init",
     "adamw_step",
+    "MUON_COEFFICIENTS",
+    "newton_schulz",
+    "muon_lr_ratio",
+    "muon_init",
+    "muon_step",
     "global_grad_norm",
     "clip_grad_norm",
     "save_checkpoint",
@@ -122,6 +131,97 @@ def adamw_step(params, grads, state, lr, betas=(0.9, 0.999), eps=1e-8, weight_de
         v *= b2
         v += (1 - b2) * g * g
         p -= (lr / bc1) * m / (np.sqrt(v) / math.sqrt(bc2) + eps)
+    return state
+
+
+# Jordan et al.'s quintic (the defaults of torch.optim.Muon): p(s) = a s + b s^3 + c s^5.
+MUON_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+MUON_ADJUST_LR = (None, "original", "match_rms_adamw", "none")
+
+
+def newton_schulz(G, steps=5, coefficients=MUON_COEFFICIENTS, eps=1e-7):
+    """Approximately the orthogonal polar factor ``U V^T`` of a matrix ``G = U S V^T``.
+
+    ``X = G / max(||G||_F, eps)`` puts every singular value in [0, 1]; each step applies the
+    odd polynomial ``p(s) = a s + b s^3 + c s^5`` to every singular value at once::
+
+        A = X X^T;   X = a X + (b A + c A A) X        # = U p(S) V^T
+
+    computed on the wide orientation (``X`` transposed when it has more rows than columns, so
+    ``A`` is the smaller Gram matrix), as ``torch.optim.Muon`` does. The quintic's coefficients
+    trade exactness for speed: five steps send every singular value above about 1e-3 into a
+    band around 1, not to 1.
+    """
+    G = np.asarray(G)
+    if G.ndim != 2:
+        raise ValueError(f"G must be a 2-D matrix, got shape {G.shape}")
+    if len(coefficients) != 3:
+        raise ValueError(f"coefficients must be three numbers (a, b, c), got {coefficients!r}")
+    if not (isinstance(steps, int) and 0 <= steps < 100):
+        raise ValueError(f"steps must be an integer in [0, 100), got {steps!r}")
+    a, b, c = coefficients
+    tall = G.shape[0] > G.shape[1]
+    X = G.T if tall else G
+    X = X / max(float(np.linalg.norm(X)), eps)
+    for _ in range(steps):
+        A = X @ X.T
+        X = a * X + (b * A + c * (A @ A)) @ X
+    return X.T if tall else X
+
+
+def muon_lr_ratio(shape, adjust_lr_fn=None) -> float:
+    """The factor Muon multiplies ``lr`` by for a ``(A, B)`` matrix (``torch.optim.Muon``'s
+    ``adjust_lr_fn``): ``None``/"original" (Jordan): ``sqrt(max(1, A / B))``;
+    "match_rms_adamw" (Moonshot, Liu et al. 2025): ``0.2 sqrt(max(A, B))``, which gives the
+    update an RMS of 0.2, as AdamW's typically has, so both can share ``lr``; "none": 1."""
+    if len(shape) != 2:
+        raise ValueError(f"shape must be a matrix's (A, B), got {tuple(shape)}")
+    if adjust_lr_fn not in MUON_ADJUST_LR:
+        raise ValueError(f"adjust_lr_fn must be one of {MUON_ADJUST_LR}, got {adjust_lr_fn!r}")
+    A, B = shape
+    if adjust_lr_fn is None or adjust_lr_fn == "original":
+        return math.sqrt(max(1.0, A / B))
+    if adjust_lr_fn == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(A, B))
+    return 1.0
+
+
+def muon_init(params) -> dict:
+    """Momentum buffers ``{"step": 0, "buf": {k: zeros}}``; every parameter a 2-D matrix."""
+    for k, v in params.items():
+        if np.ndim(v) != 2:
+            raise ValueError(f"params[{k!r}] must be a 2-D matrix for Muon, got shape {np.shape(v)}; "
+                             f"give embeddings' rows, biases and norms to AdamW")
+    return {"step": 0, "buf": {k: np.zeros_like(v) for k, v in params.items()}}
+
+
+def muon_step(params, grads, state, lr, momentum=0.95, nesterov=True, weight_decay=0.1,
+              coefficients=MUON_COEFFICIENTS, ns_steps=5, eps=1e-7, adjust_lr_fn=None):
+    """One Muon step on 2-D weight matrices, as ``torch.optim.Muon`` takes it::
+
+        buf = momentum * buf + (1 - momentum) * g       # PyTorch's lerp
+        u = (1 - momentum) * g + momentum * buf         # Nesterov (else u = buf)
+        O = newton_schulz(u)                            # ~ U V^T: every direction, one size
+        p = p * (1 - lr * weight_decay)                 # decoupled decay, with the plain lr
+        p = p - lr * muon_lr_ratio(p.shape) * O
+    """
+    _check_pairs(params, grads)
+    _check_lr(lr)
+    if not 0 <= momentum < 1:
+        raise ValueError(f"momentum must lie in [0, 1), got {momentum}")
+    ratio = {k: muon_lr_ratio(np.shape(p), adjust_lr_fn) if np.ndim(p) == 2 else None
+             for k, p in params.items()}
+    for k, p in params.items():
+        if ratio[k] is None:
+            raise ValueError(f"params[{k!r}] must be a 2-D matrix for Muon, got shape {np.shape(p)}")
+    for k, p in params.items():
+        g, b = grads[k], state["buf"][k]
+        b += (1 - momentum) * (g - b)
+        u = g + momentum * (b - g) if nesterov else b
+        O = newton_schulz(u, ns_steps, coefficients, eps)
+        p *= 1 - lr * weight_decay
+        p -= lr * ratio[k] * O
+    state["step"] += 1
     return state
 
 
