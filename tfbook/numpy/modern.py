@@ -307,8 +307,23 @@ def _head_mask(mask, X_q_ndim, batch, T_q, T_kv, H, check):
     return m
 
 
+def _check_qk_norm(params, D_K, name="params"):
+    """QK-norm's gains ``params['q_norm'], params['k_norm'] (D_K,)``: both or neither; returns
+    whether they are there."""
+    q, k = params.get("q_norm"), params.get("k_norm")
+    if (q is None) != (k is None):
+        raise ValueError(f"{name} must hold both 'q_norm' and 'k_norm' (QK-norm) or neither, got "
+                         f"q_norm {_v.shape_of(q) if q is not None else None}, "
+                         f"k_norm {_v.shape_of(k) if k is not None else None}")
+    if q is None:
+        return False
+    _v.check_vector(f"{name}['q_norm']", q, D_K, "D_K")
+    _v.check_vector(f"{name}['k_norm']", k, D_K, "D_K")
+    return True
+
+
 def grouped_query_attention(X_q, X_kv, params, num_heads, num_kv_heads, mask=None, rope=None,
-                            base=10000.0):
+                            base=10000.0, eps=1e-6):
     """Grouped-query attention: ``H`` query heads share ``H_kv`` key/value heads.
 
     Query head ``h`` reads key/value head ``h // (H / H_kv)`` (consecutive query heads form
@@ -323,7 +338,12 @@ def grouped_query_attention(X_q, X_kv, params, num_heads, num_kv_heads, mask=Non
     X_kv : (..., T_kv, D) ndarray
     params : dict
         ``W_Q (D, D)``, ``W_K, W_V (D, H_kv * D_K)``, ``W_O (D, D)`` with ``D_K = D / H``;
-        optional biases ``b_Q, b_O (D,)``, ``b_K, b_V (H_kv * D_K,)`` (missing or None: none).
+        optional biases ``b_Q, b_O (D,)``, ``b_K, b_V (H_kv * D_K,)`` (missing or None: none);
+        optional QK-norm gains ``q_norm, k_norm (D_K,)`` (both or neither): each head's query
+        and key rows are RMS-normalised (:func:`rms_norm`, over ``D_K``) and scaled by them
+        before the rotation, as in Qwen3 and Gemma 3 (OLMo 2 normalises the whole ``D``-wide
+        projection instead), so that a score is at most ``max|q_norm| max|k_norm| sqrt(D_K)``
+        whatever the weights.
     num_heads : int
         ``H``, divides ``D``.
     num_kv_heads : int
@@ -336,6 +356,8 @@ def grouped_query_attention(X_q, X_kv, params, num_heads, num_kv_heads, mask=Non
         keys at ``0..T_kv-1``, queries at the last ``T_q`` of those).
     base : float
         The rope base.
+    eps : float
+        QK-norm's RMSNorm epsilon (used only with ``q_norm``, ``k_norm``).
 
     Returns
     -------
@@ -346,6 +368,7 @@ def grouped_query_attention(X_q, X_kv, params, num_heads, num_kv_heads, mask=Non
     D = _v.check_x_q_x_kv(X_q, X_kv)
     H, H_kv, D_K = _check_gqa_heads(D, num_heads, num_kv_heads, X_q.shape)
     _check_gqa_params(params, D, H_kv * D_K)
+    qk_norm = _check_qk_norm(params, D_K)
     if rope is not None:
         _v.check_choice("rope", rope, _ROPE_LAYOUTS)
         if D_K % 2:
@@ -366,6 +389,9 @@ def grouped_query_attention(X_q, X_kv, params, num_heads, num_kv_heads, mask=Non
     Q = split_heads(lin(X_q, "Q"), H)  # (..., H, T_q, D_K)
     K = split_heads(lin(X_kv, "K"), H_kv)  # (..., H_kv, T_kv, D_K)
     V = split_heads(lin(X_kv, "V"), H_kv)  # (..., H_kv, T_kv, D_K)
+    if qk_norm:  # each head's rows to unit RMS, times a learned gain, before the rotation
+        Q = rms_norm(Q, params["q_norm"], eps)
+        K = rms_norm(K, params["k_norm"], eps)
     if rope is not None:
         pos_k = np.arange(T_kv, dtype=np.float64)
         Q = _rope(Q, pos_k[T_kv - T_q:], base, rope, "q_positions")
@@ -393,12 +419,14 @@ def _check_llama_block(params, D, num_heads, num_kv_heads, X_shape, name):
         _v.check_params(f"{name}['{k}']", params[k], ("gamma",))
         _v.check_vector(f"{name}['{k}']['gamma']", params[k]["gamma"], D, "D")
     _check_gqa_params(params["attn"], D, H_kv * D_K, name=f"{name}['attn']")
+    _check_qk_norm(params["attn"], D_K, name=f"{name}['attn']")
     _check_swiglu_params(params["mlp"], D, name=f"{name}['mlp']")
 
 
 def _llama_block(X, params, num_heads, num_kv_heads, mask, rope, base, eps):
     Y = rms_norm(X, params["norm_attn"]["gamma"], eps)  # (..., T, D)
-    Z, _ = grouped_query_attention(Y, Y, params["attn"], num_heads, num_kv_heads, mask=mask, rope=rope, base=base)
+    Z, _ = grouped_query_attention(Y, Y, params["attn"], num_heads, num_kv_heads, mask=mask, rope=rope, base=base,
+                                   eps=eps)
     X = X + Z  # (..., T, D)
     return X + swiglu(rms_norm(X, params["norm_mlp"]["gamma"], eps), params["mlp"])
 
@@ -416,7 +444,8 @@ def llama_block(X, params, num_heads, num_kv_heads, mask=None, rope="half", base
     params : dict
         ``{"norm_attn": {"gamma": (D,)}, "attn": {"W_Q", "W_K", "W_V", "W_O"},
         "norm_mlp": {"gamma": (D,)}, "mlp": {"W_gate", "W_up", "W_down"}}`` with the shapes of
-        :func:`grouped_query_attention` and :func:`swiglu`.
+        :func:`grouped_query_attention` and :func:`swiglu` (``attn`` may hold QK-norm's
+        ``q_norm``, ``k_norm``).
     num_heads, num_kv_heads : int
         ``H`` (divides ``D``) and ``H_kv`` (divides ``H``).
     mask : bool ndarray, optional
@@ -425,7 +454,7 @@ def llama_block(X, params, num_heads, num_kv_heads, mask=None, rope="half", base
         The rotary layout (Llama as in Hugging Face: ``"half"``); None: no positions.
     base : float
     eps : float
-        The RMSNorm epsilon.
+        The RMSNorm epsilon (of QK-norm too).
 
     Returns
     -------

@@ -146,7 +146,7 @@ class GroupedQueryAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, num_heads: int, num_kv_heads: int | None = None,
-                 rope: str | None = "half", base: float = 10000.0):
+                 rope: str | None = "half", base: float = 10000.0, qk_norm: bool = False, eps: float = 1e-6):
         super().__init__()
         self.d_model = V.check_positive_int("d_model", d_model)
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
@@ -163,6 +163,9 @@ class GroupedQueryAttention(nn.Module):
         self.W_K = nn.Parameter(torch.empty(D, D_kv))  # (D, H_kv * D_K)
         self.W_V = nn.Parameter(torch.empty(D, D_kv))  # (D, H_kv * D_K)
         self.W_O = nn.Parameter(torch.empty(D, D))  # (H * D_K, D)
+        self.qk_norm = bool(qk_norm)
+        if self.qk_norm:  # RMSNorm of each head's query and key rows (over D_K), gains shared by the heads
+            self.q_norm, self.k_norm = RMSNorm(self.head_dim, eps), RMSNorm(self.head_dim, eps)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -170,10 +173,23 @@ class GroupedQueryAttention(nn.Module):
             nn.init.xavier_uniform_(W)
 
     def params(self) -> dict:
-        return {"W_Q": self.W_Q, "W_K": self.W_K, "W_V": self.W_V, "W_O": self.W_O}
+        p = {"W_Q": self.W_Q, "W_K": self.W_K, "W_V": self.W_V, "W_O": self.W_O}
+        if self.qk_norm:
+            p.update(q_norm=self.q_norm.gamma, k_norm=self.k_norm.gamma)
+        return p
 
     def numpy_params(self) -> dict:
         return {k: _to_numpy(v) for k, v in self.params().items()}
+
+    def qk(self, X: torch.Tensor, offset: int = 0):
+        """The queries ``(B, H, T, D_K)`` and keys ``(B, H_kv, T, D_K)`` of ``X`` at positions
+        ``offset ..``, as attention scores them: projected, QK-normalised (with ``qk_norm``) and
+        rotated. ``Q[h] @ K[h // G].T / sqrt(D_K)`` are the attention logits."""
+        Q = F.split_heads(X @ self.W_Q, self.num_heads)  # (B, H, T, D_K)
+        K = F.split_heads(X @ self.W_K, self.num_kv_heads)  # (B, H_kv, T, D_K)
+        if self.qk_norm:
+            Q, K = self.q_norm(Q), self.k_norm(K)
+        return self._rotate(Q, offset), self._rotate(K, offset)
 
     def kv_cache_bytes_per_token(self, dtype=torch.float32) -> int:
         """Bytes this layer's cache grows by per token: ``2 H_kv D_K`` numbers."""
@@ -216,10 +232,8 @@ class GroupedQueryAttention(nn.Module):
             F._tensor(mask, "mask")
             batch = tuple(X.shape[:-2])
             mask = FM._head_mask(mask, X.ndim, batch, T, T_kv, H, V.check_mask)
-        Q = F.split_heads(X @ self.W_Q, H)  # (B, H, T, D_K)
-        K = F.split_heads(X @ self.W_K, H_kv)  # (B, H_kv, T, D_K)
+        Q, K = self.qk(X, T_past)  # (B, H, T, D_K), (B, H_kv, T, D_K): normalised (qk_norm) and rotated
         Vh = F.split_heads(X @ self.W_V, H_kv)  # (B, H_kv, T, D_K)
-        Q, K = self._rotate(Q, T_past), self._rotate(K, T_past)
         if kv_cache is not None:
             K, Vh = kv_cache.append(K, Vh)  # (B, H_kv, T_past + T, D_K)
         Z, P = FM._gqa_attend(Q, K, Vh, mask=mask, return_attention=return_attention)
@@ -227,17 +241,17 @@ class GroupedQueryAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
-                f"rope={self.rope!r}")
+                f"rope={self.rope!r}" + (", qk_norm=True" if self.qk_norm else ""))
 
 
 class LlamaBlock(nn.Module):
     """The pre-norm block of Llama: ``X = X + attn(rms_norm(X))``, then ``X = X + swiglu(rms_norm(X))``."""
 
     def __init__(self, d_model: int, num_heads: int, num_kv_heads: int, d_ff: int, rope: str | None = "half",
-                 base: float = 10000.0, eps: float = 1e-6):
+                 base: float = 10000.0, eps: float = 1e-6, qk_norm: bool = False):
         super().__init__()
         self.norm_attn = RMSNorm(d_model, eps)
-        self.attn = GroupedQueryAttention(d_model, num_heads, num_kv_heads, rope, base)
+        self.attn = GroupedQueryAttention(d_model, num_heads, num_kv_heads, rope, base, qk_norm=qk_norm, eps=eps)
         self.norm_mlp = RMSNorm(d_model, eps)
         self.mlp = SwiGLU(d_model, d_ff)
 
@@ -263,10 +277,8 @@ class LlamaBlock(nn.Module):
         attn = self.attn
         V.check_last_dim("X", X, attn.d_model, "d_model")
         Y = self.norm_attn(X)
-        Q = F.split_heads(Y @ attn.W_Q, attn.num_heads)  # (B, H, T, D_K)
-        K = F.split_heads(Y @ attn.W_K, attn.num_kv_heads)  # (B, H_kv, T, D_K)
+        Q, K = attn.qk(Y, 0)  # (B, H, T, D_K), (B, H_kv, T, D_K)
         Vh = F.split_heads(Y @ attn.W_V, attn.num_kv_heads)  # (B, H_kv, T, D_K)
-        Q, K = attn._rotate(Q, 0), attn._rotate(K, 0)
         Z = _sdpa_causal(Q, K, Vh, enable_gqa=True)
         X = X + F.merge_heads(Z) @ attn.W_O
         return X + self.mlp(self.norm_mlp(X))
@@ -308,6 +320,9 @@ class LlamaLMConfig:
         The output head reuses the token embedding W_E (transposed).
     eps : float, default 1e-6
         RMSNorm's epsilon.
+    qk_norm : bool, default False
+        QK-norm (OLMo 2, Qwen3, Gemma 3): RMSNorm with a learned gain of each head's query
+        and key rows before the rotation.
     """
     vocab_size: int  # number of token ids
     block_size: int = 128  # longest context (rope itself has no limit; the cache and training do)
@@ -320,6 +335,7 @@ class LlamaLMConfig:
     rope_base: float = 10000.0  # angle of pair i at position p: p * base**(-2i/D_K)
     tie_weights: bool = True  # the output head reuses the token embedding W_E (transposed)
     eps: float = 1e-6  # RMSNorm epsilon
+    qk_norm: bool = False  # RMSNorm of each head's queries and keys before the rotation
 
     def __post_init__(self):
         V.check_positive_int("vocab_size", self.vocab_size)
@@ -348,7 +364,7 @@ class LlamaLM(nn.Module):
         D = c.d_model
         self.W_E = nn.Parameter(0.02 * torch.randn(c.vocab_size, D))  # (V, D), as DecoderLM
         self.blocks = nn.ModuleList(
-            LlamaBlock(D, c.num_heads, c.num_kv_heads, c.d_ff, c.rope, c.rope_base, c.eps)
+            LlamaBlock(D, c.num_heads, c.num_kv_heads, c.d_ff, c.rope, c.rope_base, c.eps, qk_norm=c.qk_norm)
             for _ in range(c.num_layers)
         )
         self.norm = RMSNorm(D, c.eps)

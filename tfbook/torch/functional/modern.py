@@ -20,6 +20,7 @@ from ...numpy.modern import (
     _check_ids_range,
     _check_llama_block,
     _check_llama_params,
+    _check_qk_norm,
     _head_mask,
 )
 from ._common import _float, _tensor
@@ -202,21 +203,25 @@ def _gqa_attend(Q, K, V, mask=None, return_attention=True):
 
 
 def grouped_query_attention(X_q, X_kv, params, num_heads, num_kv_heads, mask=None, rope=None,
-                            base=10000.0):
+                            base=10000.0, eps=1e-6):
     """Grouped-query attention; see :func:`tfbook.numpy.grouped_query_attention`.
 
-    ``W_Q, W_O (D, D)``, ``W_K, W_V (D, H_kv * D_K)``; returns ``Z (..., T_q, D)`` and
-    ``P (..., H, T_q, T_kv)``.
+    ``W_Q, W_O (D, D)``, ``W_K, W_V (D, H_kv * D_K)``, optional QK-norm gains
+    ``q_norm, k_norm (D_K,)``; returns ``Z (..., T_q, D)`` and ``P (..., H, T_q, T_kv)``.
     """
-    return _grouped_query_attention(X_q, X_kv, params, num_heads, num_kv_heads, mask, rope, base)
+    return _grouped_query_attention(X_q, X_kv, params, num_heads, num_kv_heads, mask, rope, base, eps=eps)
 
 
 def _grouped_query_attention(X_q, X_kv, params, num_heads, num_kv_heads, mask=None, rope=None,
-                             base=10000.0, return_attention=True):
+                             base=10000.0, return_attention=True, eps=1e-6):
     X_q, X_kv = _float(X_q, "X_q"), _float(X_kv, "X_kv")
     D = _v.check_x_q_x_kv(X_q, X_kv)
     H, H_kv, D_K = _check_gqa_heads(D, num_heads, num_kv_heads, tuple(X_q.shape))
     _check_gqa_params(params, D, H_kv * D_K)
+    qk_norm = _check_qk_norm(params, D_K)
+    if qk_norm:
+        _tensor(params["q_norm"], "params['q_norm']")
+        _tensor(params["k_norm"], "params['k_norm']")
     if rope is not None:
         _v.check_choice("rope", rope, _ROPE_LAYOUTS)
         if D_K % 2:
@@ -238,6 +243,9 @@ def _grouped_query_attention(X_q, X_kv, params, num_heads, num_kv_heads, mask=No
     Q = split_heads(lin(X_q, "Q"), H)  # (..., H, T_q, D_K)
     K = split_heads(lin(X_kv, "K"), H_kv)  # (..., H_kv, T_kv, D_K)
     V = split_heads(lin(X_kv, "V"), H_kv)  # (..., H_kv, T_kv, D_K)
+    if qk_norm:  # each head's rows to unit RMS, times a learned gain, before the rotation
+        Q = rms_norm(Q, params["q_norm"], eps)
+        K = rms_norm(K, params["k_norm"], eps)
     if rope is not None:
         pos_k = torch.arange(T_kv, device=X_q.device)
         Q = _rope(Q, pos_k[T_kv - T_q:], base, rope, "q_positions")
@@ -253,7 +261,8 @@ def _grouped_query_attention(X_q, X_kv, params, num_heads, num_kv_heads, mask=No
 
 def _llama_block(X, params, num_heads, num_kv_heads, mask, rope, base, eps):
     Y = rms_norm(X, params["norm_attn"]["gamma"], eps)  # (..., T, D)
-    Z, _ = grouped_query_attention(Y, Y, params["attn"], num_heads, num_kv_heads, mask=mask, rope=rope, base=base)
+    Z, _ = grouped_query_attention(Y, Y, params["attn"], num_heads, num_kv_heads, mask=mask, rope=rope, base=base,
+                                   eps=eps)
     X = X + Z  # (..., T, D)
     return X + swiglu(rms_norm(X, params["norm_mlp"]["gamma"], eps), params["mlp"])
 
