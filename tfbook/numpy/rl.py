@@ -199,43 +199,43 @@ def majority_vote_closed_form(probs, correct, N):
     N = _check_n(N)
     shape = _check_probs(probs, correct)
     P = np.asarray(probs, dtype=np.float64)
-    out = np.zeros(shape[0])
+    n_items = shape[0]
+    c = np.asarray(correct, dtype=np.int64)
+    pc = P[np.arange(n_items), c]
+    others = P.copy()
+    others[np.arange(n_items), c] = 0.0
+    others = -np.sort(-others, axis=1)  # all items at once: each row's other answers, zeros at the end
+    others = others[:, : max(1, int((others > 0).sum(axis=1).max()))]
+    A = others.shape[1]
+    resid = np.clip(1.0 - pc - others.sum(axis=1), 0.0, None)
     logfact = np.array([math.lgamma(i + 1) for i in range(N + 1)])
-    for i in range(shape[0]):
-        c = int(np.asarray(correct)[i])
-        pc = P[i, c]
-        others = np.delete(P[i], c)
-        others = others[others > 0]
-        resid = max(0.0, 1.0 - pc - float(others.sum()))
-        total = 0.0
-        for k in range(1, N + 1):
-            rest = N - k
-            # poly[u, t]: sum over counts of the answers so far using u samples with t ties at k,
-            # of prod p_j^m_j / m_j!   (u <= rest, t <= #answers)
-            poly = np.zeros((rest + 1, len(others) + 1))
-            poly[0, 0] = 1.0
-            for q in others:
-                new = np.zeros_like(poly)
-                for m in range(0, min(k, rest) + 1):
-                    w = math.exp(m * math.log(q) - logfact[m]) if m else 1.0
-                    if m == k:
-                        new[m:, 1:] += w * poly[: rest + 1 - m, :-1]
-                    else:
-                        new[m:, :] += w * poly[: rest + 1 - m, :]
-                poly = new
-            # the missing mass takes the samples the listed answers leave, each a distinct answer
-            # (seen once: a tie with the correct answer only when k = 1)
-            s = 0.0
-            for u in range(rest + 1):
-                j = rest - u
-                if j and resid <= 0:
-                    continue
-                w = math.exp(j * math.log(resid) - logfact[j]) if j else 1.0
-                ties = np.arange(len(others) + 1) + (j if k == 1 else 0)
-                s += w * float((poly[u] / (ties + 1)).sum())
-            total += math.exp(logfact[N] - logfact[k] + k * math.log(pc)) * s if pc > 0 else 0.0
-        out[i] = total
-    return out
+    with np.errstate(divide="ignore"):
+        logq, logr, logpc = np.log(others), np.log(resid), np.log(pc)
+    total = np.zeros(n_items)
+    for k in range(1, N + 1):
+        rest = N - k
+        # poly[i, u, t]: over the answers so far, using u samples with t of them tied at k:
+        # the sum of prod q_j^m_j / m_j!   (u <= rest)
+        poly = np.zeros((n_items, rest + 1, A + 1))
+        poly[:, 0, 0] = 1.0
+        for j in range(A):
+            new = poly.copy()  # m = 0
+            for m in range(1, min(k, rest) + 1):
+                w = np.exp(m * logq[:, j] - logfact[m])[:, None, None]
+                if m == k:
+                    new[:, m:, 1:] += w * poly[:, : rest + 1 - m, :-1]
+                else:
+                    new[:, m:, :] += w * poly[:, : rest + 1 - m, :]
+            poly = new
+        # the missing mass takes the samples the listed answers leave, each a distinct answer
+        # (seen once: a tie with the correct answer only when k = 1)
+        j_left = rest - np.arange(rest + 1)
+        with np.errstate(invalid="ignore"):
+            wres = np.where(j_left[None, :] == 0, 1.0, np.exp(j_left[None, :] * logr[:, None] - logfact[j_left][None, :]))
+        ties = np.arange(A + 1)[None, :] + (j_left[:, None] if k == 1 else 0)
+        s = (wres[:, :, None] * poly / (ties[None] + 1)).sum(axis=(1, 2))
+        total += np.where(pc > 0, np.exp(logfact[N] - logfact[k] + k * np.where(pc > 0, logpc, 0.0)), 0.0) * s
+    return total
 
 
 def best_likelihood_closed_form(probs, correct, N):
