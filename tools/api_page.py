@@ -48,7 +48,7 @@ PREFERRED = (
     "tfbook.torch.optim", "tfbook.torch.modern",
     "tfbook.data", "tfbook.bpe", "tfbook.numpy.backprop", "tfbook.numpy.optim",
     "tfbook.tasks",
-    "tfbook.decoding", "tfbook.numpy.positions", "tfbook.numpy.vision", "tfbook.torch.functional.vision",
+    "tfbook.numpy.positions", "tfbook.numpy.vision", "tfbook.torch.functional.vision",
     "tfbook.iosim", "tfbook.cost",
     "tfbook.measure", "tfbook.parallel", "tfbook.checks",
 )
