@@ -1,4 +1,4 @@
-"""tfbook.dynamics: the experiments of chapters 3 and 8, and the shipped warm-up curves.
+"""tfbook.tasks.dynamics: the experiments of chapters 3 and 8, and the shipped warm-up curves.
 
 Everything here is fast (seconds) except ``test_warmup_regeneration_meets_the_bar``, which
 retrains the thirteen warm-up runs of chapter 8 (about 1 minute on an idle 2-core CPU, several
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from tfbook import dynamics
+from tfbook.tasks import dynamics
 
 
 meets_warmup_bar = dynamics.meets_warmup_bar

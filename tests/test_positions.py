@@ -1,4 +1,4 @@
-"""tfbook.positions: layouts, RoPE attention, ALiBi, T5 buckets, video tubelets.
+"""tfbook.numpy.positions and vision: layouts, RoPE attention, ALiBi, T5 buckets, video tubelets.
 
 Expected values come from the definitions written out by hand, from PyTorch's
 built-ins (nn.Conv3d, F.scaled_dot_product_attention) or from identities.
@@ -14,7 +14,9 @@ from torch import nn
 
 import tfbook.numpy as tnp
 import tfbook.torch as tt
-from tfbook import positions as tp
+from tfbook.numpy import positions as tp
+from tfbook.numpy.vision import tubelets
+from tfbook.torch.functional.vision import tubelets as tubelets_torch
 
 F64 = torch.float64
 
@@ -42,16 +44,16 @@ def test_rope_attention_matches_torch_and_is_shift_invariant():
     X = rng.normal(size=(2, T, D))
     W_Q, W_K, W_V = rng.normal(size=(3, D, D_K)) / math.sqrt(D)
     pos = np.arange(T)
-    Z, S = tp.rope_attention(X, W_Q, W_K, W_V, pos)
+    Z, S = tp.rope_self_attention(X, W_Q, W_K, W_V, pos)
     Xt = torch.from_numpy(X)
     Q = tt.rope(Xt @ torch.from_numpy(W_Q), torch.from_numpy(pos))
     K = tt.rope(Xt @ torch.from_numpy(W_K), torch.from_numpy(pos))
     Z_t = F.scaled_dot_product_attention(Q, K, Xt @ torch.from_numpy(W_V))
     np.testing.assert_allclose(Z, Z_t.numpy(), atol=1e-12)             # float64 round-off
-    Z2, S2 = tp.rope_attention(X, W_Q, W_K, W_V, pos + 1000)
+    Z2, S2 = tp.rope_self_attention(X, W_Q, W_K, W_V, pos + 1000)
     np.testing.assert_allclose(S2, S, atol=1e-10)                     # angles up to ~1e3 rad
     np.testing.assert_allclose(Z2, Z, atol=1e-10)
-    _, S_perm = tp.rope_attention(X, W_Q, W_K, W_V, pos[::-1].copy())
+    _, S_perm = tp.rope_self_attention(X, W_Q, W_K, W_V, pos[::-1].copy())
     assert np.abs(S_perm - S).max() > 1e-2                             # positions do matter
 
 
@@ -87,8 +89,8 @@ def test_tubelets_equal_conv3d_with_copied_weights(shape, t, p):
     C = shape[1]
     conv = nn.Conv3d(C, 5, kernel_size=(t, p, p), stride=(t, p, p)).double()
     W = conv.weight.detach().reshape(5, -1).T                          # (C t p p, D)
-    ours_np = tp.tubelets(video.numpy(), t, p) @ W.numpy() + conv.bias.detach().numpy()
-    ours_t = tp.tubelets_torch(video, t, p) @ W + conv.bias.detach()
+    ours_np = tubelets(video.numpy(), t, p) @ W.numpy() + conv.bias.detach().numpy()
+    ours_t = tubelets_torch(video, t, p) @ W + conv.bias.detach()
     ref = conv(video).flatten(2).transpose(1, 2)                       # (B, N, D)
     np.testing.assert_allclose(ours_np, ref.detach().numpy(), atol=1e-12)
     np.testing.assert_allclose(ours_t.detach().numpy(), ref.detach().numpy(), atol=1e-12)
@@ -99,9 +101,9 @@ def test_tubelets_equal_conv3d_with_copied_weights(shape, t, p):
 def test_tubelets_of_one_frame_are_patches():
     rng = np.random.default_rng(1)
     video = rng.normal(size=(2, 3, 1, 8, 8))
-    np.testing.assert_array_equal(tp.tubelets(video, 1, 4), tnp.patchify(video[:, :, 0], 4))
+    np.testing.assert_array_equal(tubelets(video, 1, 4), tnp.patchify(video[:, :, 0], 4))
 
 
 def test_tubelets_reject_indivisible_shapes():
     with pytest.raises(ValueError):
-        tp.tubelets(np.zeros((1, 1, 5, 8, 8)), 2, 4)
+        tubelets(np.zeros((1, 1, 5, 8, 8)), 2, 4)

@@ -22,9 +22,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import tfbook.backprop as bp
 import tfbook.numpy as tnp
-import tfbook.optim as nopt
+import tfbook.numpy.backprop as bp
+import tfbook.numpy.optim as nopt
 import tfbook.torch as tt
 from tfbook.torch import functional as TF
 from tfbook.torch.models import DecoderLM, DecoderLMConfig, lm_loss
