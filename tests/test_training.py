@@ -178,3 +178,68 @@ def test_bad_arguments():
         train(m, lm_loss, batch_fn, 3, lr=0.0)
     with pytest.raises(ValueError, match="loss became nan after 0 steps"):
         train(m, lambda model, x, y: torch.tensor(math.nan), batch_fn, 3, disable=True)
+
+
+# ---------------------------------------------------------------------------------------
+# What the long runs of the tasks need (tfbook.tasks.prose.train_long): a schedule as a
+# function, autocast, a loss read every few steps, evaluation only during/after training,
+# a time budget
+# ---------------------------------------------------------------------------------------
+
+
+def test_callable_schedule_sets_each_step_and_equals_a_named_one(one_thread):
+    rates = lr_schedule(("warmup_cosine", 2, 1e-4), 1e-2, 6)
+    h = train(tiny(), lm_loss, batch_fn, 6, lr=1e-2, schedule=lambda s, n: rates[s], disable=True)
+    named = train(tiny(), lm_loss, batch_fn, 6, lr=1e-2, schedule=("warmup_cosine", 2, 1e-4), disable=True)
+    assert h.lr == rates and h.loss == named.loss
+    assert lr_schedule(lambda s, n: 0.1 * (n - s), 1.0, 3) == [0.30000000000000004, 0.2, 0.1]
+    # the schedule sees the run's length
+    seen = []
+    train(tiny(), lm_loss, batch_fn, 3, schedule=lambda s, n: seen.append((s, n)) or 1e-3, disable=True)
+    assert seen == [(0, 3), (1, 3), (2, 3)]
+
+
+def test_loss_every_reads_fewer_losses_and_changes_nothing_else(one_thread):
+    every = train(tiny(), lm_loss, batch_fn, 7, lr=1e-2, seed=3, disable=True)
+    m = tiny()
+    some = train(m, lm_loss, batch_fn, 7, lr=1e-2, seed=3, disable=True, loss_every=3)
+    assert some.loss == [every.loss[2], every.loss[5], every.loss[6]]  # steps 3, 6 and the last
+    assert some.lr == every.lr and len(some.lr) == 7 and not some.stopped_early
+    with pytest.raises(ValueError, match="loss_every"):
+        train(m, lm_loss, batch_fn, 3, loss_every=0)
+
+
+def test_eval_first_and_eval_last(one_thread):
+    h = train(tiny(), lm_loss, batch_fn, 5, eval_fn=lambda m: 1.0, eval_every=2, disable=True,
+              eval_first=False, eval_last=True)
+    assert h.eval_step == [2, 4, 5]
+    h = train(tiny(), lm_loss, batch_fn, 5, eval_fn=lambda m: 1.0, eval_every=2, disable=True)
+    assert h.eval_step == [0, 2, 4]  # the defaults: before the first step, every eval_every steps
+
+
+def test_autocast_runs_the_loss_under_it(one_thread):
+    dtypes = []
+
+    def loss_fn(model, x, y):
+        logits = model(x)
+        dtypes.append(logits.dtype)
+        return lm_loss(model, x, y)
+
+    train(tiny(), loss_fn, batch_fn, 1, disable=True, autocast=dict(device_type="cpu", dtype=torch.bfloat16))
+    train(tiny(), loss_fn, batch_fn, 1, disable=True)
+    assert dtypes == [torch.bfloat16, torch.float32]
+
+
+def test_time_budget_fixes_the_steps_from_the_measured_speed(one_thread, monkeypatch):
+    import tfbook.torch.training as training
+
+    clock = iter(range(10**6))  # every reading of the loop's clock is one second later
+    monkeypatch.setattr(training, "_clock", lambda: float(next(clock)))
+    monkeypatch.setattr(training, "BUDGET_STEPS", (2, 4))
+    h = train(tiny(), lm_loss, batch_fn, 100, disable=True, time_budget=8.0)
+    # start at 0 s, step 2 at 1 s, step 4 at 2 s: 1/2 s a step, 6 s left, 0.9 * 6 / 0.5 = 10.8 -> 10 steps more
+    assert h.extra["steps"] == 14 and len(h.lr) == 14 and len(h.loss) == 14 and not h.stopped_early
+    # never more than the steps asked for, and at least one step after the measurement
+    assert train(tiny(), lm_loss, batch_fn, 6, disable=True, time_budget=1e9).extra["steps"] == 6
+    with pytest.raises(ValueError, match="time_budget"):
+        train(tiny(), lm_loss, batch_fn, 3, time_budget=0)

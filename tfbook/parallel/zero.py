@@ -15,17 +15,16 @@ __all__ = ["single_process_adamw"]
 
 
 def single_process_adamw(cfg: DPConfig = DPConfig(), lr: float = 0.01, weight_decay: float = 0.1) -> dict:
-    """:func:`single_process_run` with ``torch.optim.AdamW`` instead of SGD (the reference of ZeRO and FSDP)."""
+    """:func:`~tfbook.parallel.ddp.single_process_run` with ``torch.optim.AdamW`` instead of SGD (the
+    reference of ZeRO and FSDP), through the one loop (:func:`tfbook.torch.training.train`: constant
+    rate, no clipping, the batches of :func:`make_batches` in order)."""
+    from ..torch.training import train
+
     model = make_model(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    losses = []
-    for x, y in make_batches(cfg):
-        opt.zero_grad(set_to_none=True)
-        loss = _loss(model, x, y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return {"losses": losses, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+    batches = iter(make_batches(cfg))
+    history = train(model, _loss, lambda generator: next(batches), cfg.steps, lr=lr, weight_decay=weight_decay,
+                    grad_clip=None, disable=True)
+    return {"losses": history.loss, "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
 
 
 def _zero1_scheme(cfg: DPConfig, rank: int, world: int, device, lr=0.01, weight_decay=0.1) -> dict:

@@ -35,6 +35,7 @@ from torch.nn import functional as F
 from ..numpy.positions import sinusoidal_positional_encoding
 from ..torch.functional.positions import rope
 from ..torch.training import History
+from ..torch.training import train as train_loop
 from ._common import cli, load_json, load_model, save_model, shipped, write_json
 
 __all__ = ["V", "D", "T_TRAIN", "T_TEST", "KINDS", "SEEDS", "RECIPE", "ARTIFACTS", "PrevToken",
@@ -106,25 +107,27 @@ def test_ids() -> torch.Tensor:
     return torch.randint(0, V, (RECIPE["n_test"], T_TEST), generator=torch.Generator().manual_seed(RECIPE["test_seed"]))
 
 
+def _loss(model: PrevToken, ids: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of predicting, at every position from 1 on, the previous token."""
+    return F.cross_entropy(model(ids)[:, 1:].reshape(-1, V), ids[:, :-1].reshape(-1))
+
+
 def train(kind: str, seed: int = 0, t_train: int = T_TRAIN) -> PrevToken:
     """Adam, 200 steps of 64 fresh sequences of ``t_train`` tokens (16: the recipe of every shipped
-    run); full float64 weights, its losses in ``model.history`` (a :class:`History`)."""
+    run), through the one loop (:func:`tfbook.torch.training.train`: constant rate, no clipping);
+    full float64 weights, its losses in ``model.history`` (a :class:`History`)."""
     if not 2 <= int(t_train) <= T_TEST:
         raise ValueError(f"t_train must lie in [2, {T_TEST}], got {t_train!r}")
     torch.manual_seed(seed)
-    g = torch.Generator().manual_seed(1 + 10 * seed)
     model = PrevToken(kind)
-    opt = torch.optim.Adam(model.parameters(), lr=RECIPE["lr"])
-    losses = []
+
+    def batch_fn(g):
+        return torch.randint(0, V, (RECIPE["batch_size"], int(t_train)), generator=g)
+
     with torch.enable_grad():
-        for _ in range(RECIPE["steps"]):
-            ids = torch.randint(0, V, (RECIPE["batch_size"], int(t_train)), generator=g)
-            loss = F.cross_entropy(model(ids)[:, 1:].reshape(-1, V), ids[:, :-1].reshape(-1))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-    model.history = History(loss=losses, extra={"recipe": RECIPE, "kind": kind, "seed": seed, "t_train": int(t_train)})
+        h = train_loop(model, _loss, batch_fn, RECIPE["steps"], lr=RECIPE["lr"], grad_clip=None, seed=1 + 10 * seed,
+                       disable=True, optimizer=lambda m, lr, wd: torch.optim.Adam(m.parameters(), lr=lr))
+    model.history = History(loss=h.loss, extra={"recipe": RECIPE, "kind": kind, "seed": seed, "t_train": int(t_train)})
     return model.eval()
 
 

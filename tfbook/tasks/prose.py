@@ -577,7 +577,6 @@ def train_long(name: str, seed: int = 0, steps: int | None = None, device: str =
     after 100 steps from the measured speed, so that the run fits the budget (the count used
     is recorded in ``history.extra["recipe"]``; rerun with ``steps=`` that count to repeat it).
     """
-    import copy
     import time
 
     cfg = long_config(name)
@@ -587,65 +586,35 @@ def train_long(name: str, seed: int = 0, steps: int | None = None, device: str =
     dev = torch.device(device)
     torch.manual_seed(seed)
     model = add_dropout(DecoderLM(cfg), r["dropout"]).to(dev)
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    other = [p for p in model.parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": r["weight_decay"]},
-                             {"params": other, "weight_decay": 0.0}], lr=r["lr"], betas=r["betas"],
-                            **({"fused": True} if dev.type == "cuda" else {}))
-    gen = torch.Generator().manual_seed(seed)
-    train_ids = splits.train
-    history = History()
-    best_state, t0, step = None, time.time(), 0
-    amp = dict(device_type="cuda", dtype=torch.bfloat16) if dev.type == "cuda" else None
 
-    def evaluate_now():
-        model.eval()
-        v = bits_per_char(model, splits.validation, dtype=torch.float32)
-        model.train()
-        return v
+    def adamw(m, lr, weight_decay):  # weight decay on the matrices only
+        decay = [p for p in m.parameters() if p.ndim >= 2]
+        other = [p for p in m.parameters() if p.ndim < 2]
+        return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                                  {"params": other, "weight_decay": 0.0}], lr=lr, betas=r["betas"],
+                                 **({"fused": True} if dev.type == "cuda" else {}))
 
-    model.train()
-    while step < total:
-        for g in opt.param_groups:
-            g["lr"] = _lr_at(step, total, r)
-        x, y = lm_batch(train_ids, cfg.block_size, r["batch_size"], generator=gen)
-        x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
-        if amp is not None:
-            with torch.autocast(**amp):
-                loss = lm_loss(model, x, y)
-        else:
-            loss = lm_loss(model, x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        step += 1
-        history.lr.append(opt.param_groups[0]["lr"])
-        if step % 10 == 0 or step == total:
-            history.loss.append(float(loss.detach()))
-        if step == 50:
-            t50 = time.time()
-        if step == 150 and time_budget is not None and steps is None:  # speed after warming up
-            left = time_budget - (time.time() - t0)
-            total = max(step + 1, min(total, step + int(100 / (time.time() - t50) * left * 0.9)))
-        if step % r["eval_every"] == 0 or step == total:
-            v = evaluate_now()
-            history.eval_step.append(step)
-            history.eval.append(v)
-            if history.best_eval is None or v < history.best_eval:
-                history.best_eval, history.best_step = v, step
-                best_state = copy.deepcopy({k: t.detach().cpu() for k, t in model.state_dict().items()})
-            if log is not None:
-                log(f"{name} seed {seed}: step {step}/{total} val bpc {v:.4f} "
-                    f"train nats {float(loss.detach()):.4f} ({time.time() - t0:.0f} s)")
-    r["steps"] = total
+    def batch_fn(g):
+        return lm_batch(splits.train, cfg.block_size, r["batch_size"], generator=g)
+
+    def report(step, m, h):
+        if log is not None and h.eval_step and h.eval_step[-1] == step:
+            log(f"{name} seed {seed}: step {step}/{h.extra.get('steps', total)} val bpc {h.eval[-1]:.4f} "
+                f"train nats {h.loss[-1]:.4f} ({time.time() - t0:.0f} s)")
+
+    t0 = time.time()
+    history = train_loop(model, lm_loss, batch_fn, total, lr=r["lr"], weight_decay=r["weight_decay"], grad_clip=1.0,
+                         schedule=lambda step, n: _lr_at(step, n, r), optimizer=adamw, seed=seed, device=dev,
+                         autocast=dict(device_type="cuda", dtype=torch.bfloat16) if dev.type == "cuda" else None,
+                         loss_every=10, eval_fn=lambda m: bits_per_char(m, splits.validation, dtype=torch.float32),
+                         eval_every=r["eval_every"], eval_first=False, eval_last=True, keep_best=True,
+                         time_budget=time_budget if steps is None else None, callbacks=[report], disable=True)
+    r["steps"] = history.extra.pop("steps", total)
     history.extra["recipe"] = r
     history.extra["loss_every"] = 10
     history.extra["seconds"] = time.time() - t0
     history.extra["device"] = str(dev)
-    model = model.cpu()
-    model.load_state_dict(best_state)
-    return model.eval(), history
+    return model.cpu().eval(), history
 
 
 def bits_after(model: DecoderLM, context: torch.Tensor, ids: torch.Tensor, block: int | None = None,

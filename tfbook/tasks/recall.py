@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ..measure import threads
+from ..torch.training import train as train_loop
 from ._common import cli, load_json, write_json
 
 __all__ = ["N_KEYS", "N_VALS", "N_PAIRS", "D_MODEL", "D_HEAD", "W_WIN", "KINDS", "LRS", "SEEDS", "STEPS",
@@ -85,19 +86,20 @@ def data():
             recall_batch(np.random.default_rng(RECIPE["test_seed"]), RECIPE["n_test"]))
 
 
+def _loss(model: Recall, keys, vals, asked) -> torch.Tensor:
+    return F.cross_entropy(model(keys, vals, asked), vals.gather(1, asked[:, None])[:, 0])
+
+
 def train(kind: str, seed: int = 0, lr: float = 1e-2, steps: int = STEPS) -> Recall:
-    """Train one :class:`Recall` model in float64 with Adam on fresh batches (one thread)."""
+    """Train one :class:`Recall` model in float64 with Adam on fresh batches (one thread), through
+    the one loop (:func:`tfbook.torch.training.train`: constant rate, no clipping). The batches
+    come from a NumPy generator seeded with ``seed`` (the loop's torch generator is not used)."""
     with threads(1):
         torch.manual_seed(seed)
         rng = np.random.default_rng(seed)
         model = Recall(kind).double()
-        opt = torch.optim.Adam(model.parameters(), lr=lr)
-        for _ in range(steps):
-            keys, vals, asked = recall_batch(rng, RECIPE["batch_size"])
-            loss = F.cross_entropy(model(keys, vals, asked), vals.gather(1, asked[:, None])[:, 0])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+        train_loop(model, _loss, lambda g: recall_batch(rng, RECIPE["batch_size"]), steps, lr=lr, grad_clip=None,
+                   seed=seed, disable=True, optimizer=lambda m, lr_, wd: torch.optim.Adam(m.parameters(), lr=lr_))
     return model.eval()
 
 

@@ -16,6 +16,9 @@ and ``batch_fn(generator) -> batch``; the loop owns everything else:
   optionally, thread pinning (``threads``, via :func:`tfbook.measure.threads`) and
   deterministic algorithms, so that the same seed gives the same losses on the same machine;
 * a tqdm progress bar (``disable=True`` hides it) and ``callbacks``;
+* for longer runs on a GPU: mixed precision (``autocast``), a loss read back only every
+  ``loss_every`` steps, and a time budget (``time_budget``) that fixes the number of steps
+  from the measured speed (chapter 13's long model, :func:`tfbook.tasks.prose.train_long`);
 * the device: by default the model trains where its parameters are (the chapters: the CPU);
   ``device="cuda"`` (or ``"auto"``, :func:`tfbook.device`, which honours ``TFBOOK_DEVICE``)
   moves the model and every tensor of each batch there.
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable
 
@@ -41,6 +45,10 @@ SCHEDULES = ("constant", "warmup_cosine", "hold_linear", "one_cycle")
 # lr) and a cosine all the way down to 0 (the last step uses lr 0, so it changes nothing).
 # Pass ("warmup_cosine", warmup, min_lr) to choose them.
 WARMUP_COSINE_DEFAULTS = (0, 0.0)
+# With a time budget the speed is measured between these two step counts, and the number of
+# steps is fixed at the second so that the run ends within 90 % of the budget.
+BUDGET_STEPS = (50, 150)
+_clock = time.perf_counter  # the time budget's clock (seconds)
 
 
 @dataclass
@@ -86,7 +94,10 @@ class History:
 
 
 def _check_schedule(schedule, steps: int) -> tuple:
-    """``"name"`` or ``(name, *args)`` -> ``(name, warmup_hold_or_pct, min_lr)`` (validated)."""
+    """``"name"`` or ``(name, *args)`` -> ``(name, warmup_hold_or_pct, min_lr)`` (validated);
+    a callable ``schedule(step, steps) -> lr`` -> ``("callable", None, None)``."""
+    if callable(schedule):
+        return "callable", None, None
     spec = (schedule,) if isinstance(schedule, str) else tuple(schedule)
     if not spec or spec[0] not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES} (or a tuple starting with one), "
@@ -129,8 +140,11 @@ def lr_schedule(schedule, lr: float, steps: int) -> list[float]:
     * ``("one_cycle", pct_start)``: PyTorch's ``OneCycleLR`` warming up for the fraction
       ``pct_start`` of the steps (cosine up from ``lr / 25``, then down to ``lr / 25e4``; it
       also cycles Adam's ``beta1`` between 0.95 and 0.85, which :func:`train` applies).
+    * a callable ``schedule(step, steps) -> lr``: its rate at every step.
     """
     name, warmup, min_lr = _check_schedule(schedule, steps)
+    if name == "callable":
+        return [float(schedule(s, steps)) for s in range(steps)]
     if name == "constant":
         return [float(lr)] * steps
     if name == "hold_linear":
@@ -204,7 +218,9 @@ def train(model: nn.Module, loss_fn: Callable, batch_fn: Callable, steps: int, *
           seed: int = 0, threads: int | None = None, deterministic: bool = False,
           disable: bool = False, desc: str = "training",
           callbacks: Iterable[Callable] = (), device=None,
-          optimizer: Callable | None = None) -> History:
+          optimizer: Callable | None = None, autocast: dict | None = None,
+          loss_every: int = 1, eval_first: bool = True, eval_last: bool = False,
+          time_budget: float | None = None) -> History:
     """Train ``model`` in place with AdamW for up to ``steps`` steps; return its :class:`History`.
 
     The one training loop. :func:`tfbook.torch.models.train_steps` is its short form
@@ -227,10 +243,12 @@ def train(model: nn.Module, loss_fn: Callable, batch_fn: Callable, steps: int, *
         AdamW's peak learning rate and decoupled weight decay.
     grad_clip : float or None
         Clip the global gradient norm to this value before each step.
-    schedule : str or tuple
+    schedule : str, tuple or callable
         The learning rate per step; see :func:`lr_schedule`. Default ``"constant"``. A bare
         ``"warmup_cosine"`` means no warm-up and a last step at lr 0
-        (:data:`WARMUP_COSINE_DEFAULTS`); pass ``("warmup_cosine", warmup, min_lr)``.
+        (:data:`WARMUP_COSINE_DEFAULTS`); pass ``("warmup_cosine", warmup, min_lr)``. A
+        callable ``schedule(step, steps) -> lr`` gives the rate of step ``step`` (from 0) of a
+        run of ``steps`` steps (the number ``time_budget`` has fixed, once it has).
     eval_fn : callable, optional
         ``eval_fn(model) -> float``, the validation metric, called under ``torch.no_grad()``
         with the model in eval mode before the first step and every ``eval_every`` steps.
@@ -269,6 +287,20 @@ def train(model: nn.Module, loss_fn: Callable, batch_fn: Callable, steps: int, *
         is on its device; default ``torch.optim.AdamW(model.parameters(), lr=lr,
         weight_decay=weight_decay)``. The schedule sets every parameter group's ``lr`` to the
         step's rate (chapter 10's Muon with AdamW: :class:`tfbook.torch.optim.MuonAdamW`).
+    autocast : dict, optional
+        Keyword arguments of ``torch.autocast`` under which ``loss_fn`` runs, e.g.
+        ``dict(device_type="cuda", dtype=torch.bfloat16)``; default: no autocast.
+    loss_every : int
+        Record the loss (``loss.item()``, which makes a GPU wait) and check that it is finite
+        every ``loss_every`` steps and at the last step only (default 1: every step);
+        ``lr`` is recorded every step.
+    eval_first, eval_last : bool
+        Evaluate before the first step (default True) / after the last step also when it is not
+        a multiple of ``eval_every`` (default False).
+    time_budget : float, optional
+        Seconds: after :data:`BUDGET_STEPS` ``[1]`` steps the number of steps is lowered (never
+        raised) from the speed measured since step :data:`BUDGET_STEPS` ``[0]``, so that the run
+        takes about 90 % of the budget; the number fixed is in ``history.extra["steps"]``.
 
     The same model initialisation, arguments and seed give the same losses on the same
     machine and thread count. A non-finite loss raises ``ValueError``.
@@ -287,9 +319,13 @@ def train(model: nn.Module, loss_fn: Callable, batch_fn: Callable, steps: int, *
         raise ValueError("patience and keep_best need eval_fn (and eval_every)")
     if patience is not None and patience < 1:
         raise ValueError(f"patience must be >= 1, got {patience}")
+    if isinstance(loss_every, bool) or not isinstance(loss_every, int) or loss_every < 1:
+        raise ValueError(f"loss_every must be an integer >= 1, got {loss_every!r}")
+    if time_budget is not None and not time_budget > 0:
+        raise ValueError(f"time_budget must be > 0 seconds or None, got {time_budget!r}")
     device = _check_device(device)
     name = _check_schedule(schedule, steps)[0]
-    rates = lr_schedule(schedule, lr, steps) if name != "one_cycle" else None
+    rates = lr_schedule(schedule, lr, steps) if name not in ("one_cycle", "callable") else None
     callbacks = list(callbacks)
 
     history = History()
@@ -332,22 +368,29 @@ def train(model: nn.Module, loss_fn: Callable, batch_fn: Callable, steps: int, *
             one_cycle = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps,
                                                             pct_start=pct_start)
         model.train()
-        stop = eval_fn is not None and evaluate(0)
+        stop = eval_fn is not None and eval_first and evaluate(0)
+        total, taken = steps, 0  # total: lowered by a time budget
+        t0 = t_measure = _clock()
         bar = tqdm(range(1, steps + 1), disable=disable, desc=desc)
         for step in bar:
-            if stop:
+            if stop or step > total:
                 break
             if rates is not None:
                 for group in opt.param_groups:
                     group["lr"] = rates[step - 1]
+            elif name == "callable":
+                for group in opt.param_groups:
+                    group["lr"] = schedule(step - 1, total)
             history.lr.append(float(opt.param_groups[0]["lr"]))
             batch = batch_fn(generator)
             if not isinstance(batch, tuple):
                 batch = (batch,)
             if device is not None:
                 batch = tuple(b.to(device) if isinstance(b, torch.Tensor) else b for b in batch)
-            loss = loss_fn(model, *batch)
-            if not torch.isfinite(loss):
+            with (torch.autocast(**autocast) if autocast is not None else contextlib.nullcontext()):
+                loss = loss_fn(model, *batch)
+            read = step % loss_every == 0 or step == total
+            if read and not torch.isfinite(loss):
                 raise ValueError(f"loss became {loss.item()} after {step - 1} steps; lower lr?")
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -356,13 +399,23 @@ def train(model: nn.Module, loss_fn: Callable, batch_fn: Callable, steps: int, *
             opt.step()
             if one_cycle is not None:
                 one_cycle.step()
-            history.loss.append(loss.item())
-            bar.set_postfix(loss=f"{history.loss[-1]:.3f}", refresh=False)
-            if eval_fn is not None and step % eval_every == 0:
+            taken = step
+            if read:
+                history.loss.append(loss.item())
+                bar.set_postfix(loss=f"{history.loss[-1]:.3f}", refresh=False)
+            if time_budget is not None:
+                if step == BUDGET_STEPS[0]:
+                    t_measure = _clock()
+                if step == BUDGET_STEPS[1]:  # the speed after warming up fixes the number of steps
+                    now = _clock()
+                    per_step = (now - t_measure) / (BUDGET_STEPS[1] - BUDGET_STEPS[0])
+                    total = max(step + 1, min(total, step + int((time_budget - (now - t0)) * 0.9 / per_step)))
+                history.extra["steps"] = total
+            if eval_fn is not None and (step % eval_every == 0 or (eval_last and step == total)):
                 stop = evaluate(step)
             if any([bool(cb(step, model, history)) for cb in callbacks]):  # every callback runs
                 stop = True
-        if stop and len(history.loss) < steps:
+        if stop and taken < total:
             history.stopped_early = True
         if keep_best and best_state is not None:
             model.load_state_dict(best_state)
