@@ -42,27 +42,32 @@ MUTANTS["06_permutation_equivariance"] = {
                 return E / E.sum(axis=-1, keepdims=True) @ V
             """, "exp overflowed"),
     ],
-    "ex6-4-equivariance-error-tests": [
-        ("output not permuted", """
-            def equivariance_error(f, X, perm):
-                return float(np.max(np.abs(f(X[..., perm, :]) - f(X))))
-            """, "measures invariance, not equivariance"),
-        ("inverse permutation", """
-            def equivariance_error(f, X, perm):
-                inv = np.argsort(perm)
-                return float(np.max(np.abs(f(X[..., inv, :]) - f(X)[..., inv, :])))
+    "ex6-4-table-equivariance-tests": [
+        ("columns not permuted", """
+            def table_equivariance_error(f, X, row_perm, col_perm):
+                permute = lambda A: np.asarray(A)[..., row_perm, :]
+                return float(np.max(np.abs(f(permute(X)) - permute(f(X)))))
+            """, "col_perm was not applied"),
+        ("inverse column permutation", """
+            def table_equivariance_error(f, X, row_perm, col_perm):
+                inv = np.argsort(col_perm)
+                permute = lambda A: np.asarray(A)[..., row_perm, :][..., :, inv]
+                return float(np.max(np.abs(f(permute(X)) - permute(f(X)))))
             """, "applied as its inverse"),
-        ("inverse on one side", """
-            def equivariance_error(f, X, perm):
-                return float(np.max(np.abs(f(X[..., perm, :]) - f(X)[..., np.argsort(perm), :])))
-            """, "permuted differently"),
+        ("output not permuted", """
+            def table_equivariance_error(f, X, row_perm, col_perm):
+                permute = lambda A: np.asarray(A)[..., row_perm, :][..., :, col_perm]
+                return float(np.max(np.abs(f(permute(X)) - f(X))))
+            """, "measures invariance, not equivariance"),
         ("first axis permuted", """
-            def equivariance_error(f, X, perm):
-                return float(np.max(np.abs(f(X[perm]) - f(X)[perm])))
+            def table_equivariance_error(f, X, row_perm, col_perm):
+                permute = lambda A: np.asarray(A)[row_perm][..., :, col_perm]
+                return float(np.max(np.abs(f(permute(X)) - permute(f(X)))))
             """, "the first axis was permuted"),
         ("0-d array returned", """
-            def equivariance_error(f, X, perm):
-                return np.asarray(np.max(np.abs(f(X[..., perm, :]) - f(X)[..., perm, :])))
+            def table_equivariance_error(f, X, row_perm, col_perm):
+                permute = lambda A: np.asarray(A)[..., row_perm, :][..., :, col_perm]
+                return np.asarray(np.max(np.abs(f(permute(X)) - permute(f(X)))))
             """, "return a Python float"),
     ],
 }

@@ -9,9 +9,9 @@ HIDDEN = {
     },
     "ex6-2-prediction-tests": {"E": "the predicted set of unchanged rows"},
     "ex6-3-symmetry-counts-tests": {"F": "the three predicted counts"},
-    "ex6-4-equivariance-error-tests": {
+    "ex6-4-table-equivariance-tests": {
         "G": "the result must be a Python float",
-        "H": "two leading batch axes and a map that reorders the tokens",
-        "I": "multi-head attention is equivariant: its error is round-off",
+        "H": "two leading batch axes, a non-square table and a map that depends on both orders",
+        "I": "a transpose is equivariant when the rows and the columns move together: its error is exactly 0",
     },
 }
