@@ -158,3 +158,23 @@ def test_muon_groups_split_the_decoder():
     assert sorted(names[id(p)].rsplit(".", 1)[1] for p in mats) == sorted(["W_Q", "W_K", "W_V", "W_O", "W_1", "W_2"] * 2)
     assert {"W_E", "pos.weight"} <= {names[id(p)] for p in rest} and all(p.ndim == 1 or "blocks" not in names[id(p)]
                                                                            for p in rest)
+
+
+def test_shipped_experiment_brackets_and_matches_its_weights(one_thread):
+    """The shipped result of python -m tfbook.tasks.muon: each chosen rate is its grid's best
+    mean validation loss and not at an edge; the shipped weights (float16) give the recorded
+    validation and test answer losses (within 1%: the record is of the float32 weights; float16 moves them by < 0.1%)."""
+    from tfbook.tasks import muon as mu
+
+    e = mu.load_experiment()
+    for opt in mu.OPTIMISERS:
+        mean = {float(k): np.mean([np.inf if v is None else v for v in vs]) for k, vs in e["grid"][opt].items()}
+        lrs = sorted(mean)
+        best = min(lrs, key=mean.get)
+        assert best == e["chosen_lr"][opt] and lrs[0] < best < lrs[-1]
+    assert sorted(r["variant"] for r in e["runs"]) == sorted(f"{o}-{s}" for o in mu.OPTIMISERS for s in (0, 1, 2))
+    for r in e["runs"]:
+        model, history = mu.load_pretrained(r["variant"])
+        assert history.extra["lr"] == e["chosen_lr"][r["optimiser"]] and len(history.loss) == e["recipe"]["steps"]
+        assert abs(mu.answer_loss(model, "validation") / r["val_loss"] - 1) < 1e-2
+        assert abs(mu.answer_loss(model, "test") / r["test_loss"] - 1) < 1e-2
