@@ -19,7 +19,7 @@ from tfbook.tasks import Splits
 from tfbook.torch.training import History
 
 VERBS = ("data", "config", "train", "evaluate", "load_pretrained", "save", "main")
-SHORT = {"number_words": 3, "addition": 3, "corpus": 3, "digits": 3}  # steps for the quick runs
+SHORT = {"number_words": 3, "addition": 3, "corpus": 3, "digits": 3, "muon": 3}  # steps for the quick runs
 
 
 def task(name):

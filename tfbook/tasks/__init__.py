@@ -7,6 +7,7 @@ module             chapter    model                           metric (:func:`eva
 ``addition``       13         DecoderLM                       exact match (greedy decoding)
 ``corpus``         13         DecoderLM (characters)          bits per character
 ``digits``         15         VisionTransformer, 5 variants   accuracy
+``muon``           10         DecoderLM, AdamW or Muon        exact match (greedy decoding)
 =================  =========  ==============================  ===========================
 
 Every module exposes the same verbs:
@@ -47,9 +48,9 @@ import importlib as _importlib
 
 from ._common import Splits
 
-__all__ = ["Splits", "TASKS", "number_words", "addition", "corpus", "digits"]
+__all__ = ["Splits", "TASKS", "number_words", "addition", "corpus", "digits", "muon"]
 
-TASKS = ("number_words", "addition", "corpus", "digits")
+TASKS = ("number_words", "addition", "corpus", "digits", "muon")
 
 
 def __getattr__(name):
