@@ -103,10 +103,11 @@ def run_engines(schemes=SCHEMES, cfg: DPConfig = DPConfig(), world_size: int = 2
     """The schemes of :func:`run_torchrun`, started by this process's own launcher instead of torchrun.
 
     Same results (one dict per rank, a key per scheme), on the CPU with gloo, through the
-    launcher of :func:`run_data_parallel`. With ``start_method="fork"`` (the default on
-    CPU-only Linux) the workers are copies of this process, so they run its code as it is
-    now: the chapter's mutations use that to rerun one scheme with a bug put into this
-    module, which a ``torchrun`` subprocess, a fresh interpreter, would not see.
+    launcher of :func:`~tfbook.parallel.ddp.run_data_parallel`. With ``start_method="fork"``
+    (the default on CPU-only Linux) the workers are copies of this process, so they run its
+    code as it is now: the chapter's mutations use that to rerun one scheme with a bug put
+    into its engine's module (``tfbook.parallel.ddp``, ``zero``, ``tensor`` or ``context``),
+    which a ``torchrun`` subprocess, a fresh interpreter, would not see.
     """
     schemes = [schemes] if isinstance(schemes, str) else list(schemes)
     unknown = [s for s in schemes if s not in SCHEMES]
