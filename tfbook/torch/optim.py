@@ -233,6 +233,19 @@ class MuonAdamW(torch.optim.Optimizer):
         self._adamw = torch.optim.AdamW(rest, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay) \
             if rest else None
 
+    def state_dict(self):
+        """Muon's momentum buffers and, under ``"adamw"``, the inner AdamW's state (for checkpoints)."""
+        out = super().state_dict()
+        out["adamw"] = None if self._adamw is None else self._adamw.state_dict()
+        return out
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        inner = state_dict.pop("adamw", None)
+        super().load_state_dict(state_dict)
+        if inner is not None and self._adamw is not None:
+            self._adamw.load_state_dict(inner)
+
     @classmethod
     def build(cls, **kwargs):
         """``optimizer(model, lr, weight_decay)`` for :func:`tfbook.torch.training.train`."""
