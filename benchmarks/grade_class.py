@@ -56,7 +56,7 @@ import psutil  # noqa: E402
 
 from benchmarks._common import cpu_name  # noqa: E402
 from tfbook.course import demo  # noqa: E402
-from tfbook.course import grade as grade_mod  # noqa: E402
+from tfbook.course import budget, submission  # noqa: E402
 
 A = demo.SYNTH  # the synthetic chapter's assignment name
 OK = "def double(x):\n    return 2 * x\n"
@@ -278,7 +278,7 @@ def main(argv=None) -> int:
         print(f"  {kind:17s} n={len(xs):2d}  median {statistics.median(xs):6.2f}  max {xs[-1]:6.2f}")
     # the grader's promise, with headroom (a ratio, not a timing): no submission holds its slot
     # longer than the notebook's wall-clock backstop
-    backstop = grade_mod.WALL_FACTOR * args.total_timeout + 2 * grade_mod.GRACE * grade_mod.MAX_ATTEMPTS
+    backstop = budget.WALL_FACTOR * args.total_timeout + 2 * budget.GRACE * submission.MAX_ATTEMPTS
     over = {s: r["seconds"] for s, r in rows.items() if r["seconds"] > backstop}
     print(f"slowest submission / the notebook's wall backstop ({backstop:.0f} s): {secs[-1] / backstop:.2f}"
           + (f"; over it: {over}" if over else ""))

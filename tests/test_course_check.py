@@ -13,7 +13,8 @@ from grader_release import released_chapters
 
 from tfbook.course import __main__ as course_main
 from tfbook.course import demo as course_demo
-from tfbook.course import grade as course_grade
+from tfbook.course import check as course_check
+from tfbook.course import rows as course_rows
 from tfbook.course import release as course_release
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +30,7 @@ def released():
 
 
 def _check(path, capsys) -> tuple[int, str]:
-    failed = course_grade.check_notebook(path, timeout=60)
+    failed = course_check.check_notebook(path, timeout=60)
     return failed, capsys.readouterr().out
 
 
@@ -66,23 +67,23 @@ def test_points_total_and_diagnosis(released, tmp_path, capsys):
 
 def test_diagnosis_without_a_cross_is_a_sentence():
     rec = {"status": "error", "ename": "NameError", "evalue": "name 'prediction_0_2' is not defined", "out": ""}
-    assert course_grade._check_diagnosis(rec, None, 60) == \
+    assert course_check._check_diagnosis(rec, None, 60) == \
         "✘ `prediction_0_2` is not defined: run your answer cell (and the cells above it) first"
     rec = {"status": "error", "ename": "LEAKX_1_2", "evalue": "x", "out": ""}
-    assert "LEAKX" not in course_grade._check_diagnosis(rec, None, 60)
-    assert "answer cell raised SyntaxError" in course_grade._check_diagnosis(
+    assert "LEAKX" not in course_check._check_diagnosis(rec, None, 60)
+    assert "answer cell raised SyntaxError" in course_check._check_diagnosis(
         {"status": "error", "ename": "NameError", "evalue": "", "out": ""},
         {"status": "error", "ename": "SyntaxError"}, 60)
     rec["out"] = "✔ shape\n✘ softmax: rows do not sum to 1\n"
-    assert course_grade._check_diagnosis(rec, None, 60) == "✘ softmax: rows do not sum to 1"
+    assert course_check._check_diagnosis(rec, None, 60) == "✘ softmax: rows do not sum to 1"
 
 
 def test_exercise_labels():
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("### Exercise 12.3 (predict): x"),
                                          nbformat.v4.new_code_cell("a"), nbformat.v4.new_code_cell("b")])
-    assert course_grade.exercise_label(nb, 2, "ex12-3-x-tests") == "Exercise 12.3"
-    assert course_grade.exercise_label(nb, 0, "exA-2-longest-fit-tests") == "Exercise A.2"
-    assert course_grade.exercise_label(nb, 0, "odd") == "test cell 1"
+    assert course_rows.exercise_label(nb, 2, "ex12-3-x-tests") == "Exercise 12.3"
+    assert course_rows.exercise_label(nb, 0, "exA-2-longest-fit-tests") == "Exercise A.2"
+    assert course_rows.exercise_label(nb, 0, "odd") == "test cell 1"
 
 
 def test_help_explains(capsys):

@@ -26,6 +26,7 @@ from conftest import processes_with
 from grader_release import released_chapters
 
 from tfbook.course import (
+    check as course_check,
     demo as course_demo,
     grade as course_grade,
     release as course_release,
@@ -290,7 +291,7 @@ def test_hide_hidden_tests_scrubs_tracebacks():
 def test_check_command_gives_the_graders_messages(graded, capsys):
 
     sub = next(p for p in graded["before"] if p.parts[-3] == "ben_wrong" and p.parts[-2] == CHAPTER)
-    failed = course_grade.check_notebook(sub, timeout=60)
+    failed = course_check.check_notebook(sub, timeout=60)
     printed = capsys.readouterr().out
     assert failed == 3
     row = next(r for r in graded["rows"] if (r.student, r.assignment) == ("ben_wrong", CHAPTER))

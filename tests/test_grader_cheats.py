@@ -5,6 +5,7 @@ name a property, never an input or an expected value."""
 
 from __future__ import annotations
 
+import tempfile
 import time
 from pathlib import Path
 
@@ -14,8 +15,10 @@ from grader_release import released_chapters
 
 from tfbook.course import (
     demo as course_demo,
-    grade as course_grade,
+    attempt as course_attempt,
+    budget as course_budget,
     judge as course_judge,
+    judging as course_judging,
     release as course_release,
     sandbox as course_sandbox,
 )
@@ -39,11 +42,11 @@ def _shared_kernel_points(nb, master) -> float:
         gid = course_release._nbgrader(cell).get("grade_id")
         src = full[gid].source if gid in full else cell.source
         cells.append({"index": i, "kind": "code", "source": src})
-    with course_grade.tempfile.TemporaryDirectory() as tmp:
-        a = course_grade.run_attempt({"cells": cells, "timeout": 30, "visible_only": True},
-                                     Path(tmp) / "s", dict, timeout=30,
-                                     budget=course_grade.Budget.of(300), use_bwrap=False,
-                                     limits=course_sandbox.Limits(), nproc=course_sandbox.nproc_limit(
+    with tempfile.TemporaryDirectory() as tmp:
+        a = course_attempt.run_attempt({"cells": cells, "timeout": 30, "visible_only": True},
+                                       Path(tmp) / "s", dict, timeout=30,
+                                       budget=course_budget.Budget.of(300), use_bwrap=False,
+                                       limits=course_sandbox.Limits(), nproc=course_sandbox.nproc_limit(
                                          course_sandbox.Limits(), 1), log=Path(tmp) / "log")
     points = 0.0
     for i, cell in enumerate(nb.cells):
@@ -122,7 +125,7 @@ def test_a_dead_judge_costs_one_row_not_the_batch():
     A judge that is slow only because the machine is busy (no CPU burnt) is not killed."""
     import threading
 
-    judge = course_grade.JudgeProxy(MASTER, course_judge.SPECS)
+    judge = course_judging.JudgeProxy(MASTER, course_judge.SPECS)
     values = {"ex0-4-prediction-tests": {"prediction": (True, 1 / 3)}}
     got = {}
     try:

@@ -13,8 +13,15 @@ LAYERS = {
     "wire": set(), "sandbox": set(), "policies": set(),
     "driver": {"wire"}, "judge": {"wire", "policies"},
     "release": set(), "report": {"release"},
-    "grade": {"judge", "sandbox", "wire", "report", "release", "policies"},
-    "demo": {"release"}, "__main__": {"release", "grade", "sandbox"}, "__init__": set(),
+    # grading, one job per module (issue 39)
+    "rows": {"judge"}, "job": {"judge"}, "budget": {"sandbox"},
+    "attempt": {"budget", "judge", "report", "sandbox", "wire"},
+    "judging": {"budget", "judge", "sandbox"},
+    "submission": {"attempt", "budget", "job", "judge", "judging", "policies", "rows", "sandbox"},
+    "collect": {"job", "rows"}, "shards": {"collect", "release", "report", "rows"},
+    "check": {"attempt", "budget", "job", "judge", "rows", "sandbox"},
+    "grade": {"collect", "judge", "judging", "release", "report", "rows", "sandbox", "shards", "submission"},
+    "demo": {"release"}, "__main__": {"release", "grade", "sandbox", "check", "shards"}, "__init__": set(),
 }
 
 

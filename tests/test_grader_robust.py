@@ -22,10 +22,15 @@ import nbformat
 import numpy as np
 import pytest
 
+from tfbook.course import attempt as course_attempt
+from tfbook.course import budget as course_budget
 from tfbook.course import grade as course_grade
+from tfbook.course import job as course_job
 from tfbook.course import judge as course_judge
 from tfbook.course import report as course_report
+from tfbook.course import rows as course_rows
 from tfbook.course import sandbox as course_sandbox
+from tfbook.course import shards as course_shards
 from tfbook.course import wire as course_wire
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -260,7 +265,7 @@ def test_any_bytes_in_a_name_are_graded_and_reported(graded):
 
 
 def test_one_rows_failure_in_reporting_costs_no_other_row(tmp_path, monkeypatch):
-    rows = [course_grade.Row(s, A, score=1.0, max_score=4.0, exercises=[{"gid": "g", "points": 4,
+    rows = [course_rows.Row(s, A, score=1.0, max_score=4.0, exercises=[{"gid": "g", "points": 4,
             "score": 1.0, "passed": False, "diagnosis": "x", "checks_out": "", "visible_out": ""}])
             for s in ("ann", "bob", "cyd")]
     real = course_report.feedback_page
@@ -305,7 +310,7 @@ def test_the_instructors_log_quotes_the_student(graded):
     assert "submission verified by hand" in logs  # quoted, so present...
     for line in logs.splitlines():
         if "verified by hand" in line or "all rows verified" in line:
-            assert line.startswith(course_grade.STUDENT_PREFIX), line  # ... but attributed
+            assert line.startswith(course_attempt.STUDENT_PREFIX), line  # ... but attributed
     assert "\x1b" not in logs and "\x07" not in logs
 
 
@@ -398,13 +403,13 @@ def test_the_graders_own_cpu_is_metered_and_limited(tmp_path, monkeypatch):
             pass
         return 0.25
 
-    monkeypatch.setattr(course_grade, "decode", slow)
-    monkeypatch.setattr(course_grade, "GRADER_CPU", 1.0)
+    monkeypatch.setattr(course_attempt, "decode", slow)
+    monkeypatch.setattr(course_attempt, "GRADER_CPU", 1.0)
     cells = [{"index": i, "kind": "test", "source": "x = 1", "gid": f"g{i}", "capture": [["x", "value"]]}
              for i in range(8)]
-    a = course_grade.run_attempt({"cells": cells, "timeout": 5, "visible_only": True}, tmp_path / "s", dict,
-                                 timeout=5, budget=course_grade.Budget.of(60), use_bwrap=False,
-                                 limits=course_sandbox.Limits(), nproc=None, log=tmp_path / "log")
+    a = course_attempt.run_attempt({"cells": cells, "timeout": 5, "visible_only": True}, tmp_path / "s", dict,
+                                   timeout=5, budget=course_budget.Budget.of(60), use_bwrap=False,
+                                   limits=course_sandbox.Limits(), nproc=None, log=tmp_path / "log")
     assert a.grader_cpu >= 1.0 and a.grader_cpu < 3.0
     assert a.error and "grader" in a.error and len(a.values) < 8
 
@@ -437,41 +442,41 @@ def shard_setup(tmp_path, monkeypatch):
 
 def test_a_late_submission_never_falls_between_shards(shard_setup):
     tmp, subs, kw = shard_setup
-    plan = course_grade.make_plan(subs, kw["notebooks_dir"], 2, tmp / "plan.json")
+    plan = course_shards.make_plan(subs, kw["notebooks_dir"], 2, tmp / "plan.json")
     assert plan["shards"] == 2 and len(plan["work"]) == 4 and plan["digest"]
     course_grade.grade(subs, out=tmp / "p1", shard="1/2", plan=tmp / "plan.json", **kw)
     _class(subs, ["s0"])  # arrives between the two shards' runs (sorts first: shifts a positional split)
     course_grade.grade(subs, out=tmp / "p2", shard="2/2", plan=tmp / "plan.json", **kw)
     for k in (1, 2):
-        part = json.loads((tmp / f"p{k}" / course_grade.SHARD_FILE).read_text())
+        part = json.loads((tmp / f"p{k}" / course_shards.SHARD_FILE).read_text())
         assert (part["k"], part["n"], part["digest"]) == (k, 2, plan["digest"])
-    rows = course_grade.merge([tmp / "p1", tmp / "p2"], tmp / "m", verbose=False)
+    rows = course_shards.merge([tmp / "p1", tmp / "p2"], tmp / "m", verbose=False)
     assert sorted(r["student"] for r in rows) == ["s1", "s2", "s3", "s4"]  # everyone, once
-    assert f"s0/{A}" in json.loads((tmp / "p2" / course_grade.SHARD_FILE).read_text())["unplanned"]
+    assert f"s0/{A}" in json.loads((tmp / "p2" / course_shards.SHARD_FILE).read_text())["unplanned"]
 
 
 def test_merge_refuses_and_reports(shard_setup, capsys):
     tmp, subs, kw = shard_setup
-    course_grade.make_plan(subs, kw["notebooks_dir"], 2, tmp / "plan.json")
+    course_shards.make_plan(subs, kw["notebooks_dir"], 2, tmp / "plan.json")
     course_grade.grade(subs, out=tmp / "p1", shard="1/2", plan=tmp / "plan.json", **kw)
     course_grade.grade(subs, out=tmp / "p2", shard="2/2", plan=tmp / "plan.json", **kw)
-    with pytest.raises(course_grade.MergeError, match="missing"):  # only one part: students missing
-        course_grade.merge([tmp / "p1"], tmp / "m1", verbose=False)
-    with pytest.raises(course_grade.MergeError, match="twice|duplicated"):
-        course_grade.merge([tmp / "p1", tmp / "p1", tmp / "p2"], tmp / "m2", verbose=False)
+    with pytest.raises(course_shards.MergeError, match="missing"):  # only one part: students missing
+        course_shards.merge([tmp / "p1"], tmp / "m1", verbose=False)
+    with pytest.raises(course_shards.MergeError, match="twice|duplicated"):
+        course_shards.merge([tmp / "p1", tmp / "p1", tmp / "p2"], tmp / "m2", verbose=False)
     _class(subs, ["s5"])
-    course_grade.make_plan(subs, kw["notebooks_dir"], 2, tmp / "plan2.json")
+    course_shards.make_plan(subs, kw["notebooks_dir"], 2, tmp / "plan2.json")
     course_grade.grade(subs, out=tmp / "q2", shard="2/2", plan=tmp / "plan2.json", **kw)
-    with pytest.raises(course_grade.MergeError, match="another shard plan"):
-        course_grade.merge([tmp / "p1", tmp / "q2"], tmp / "m3", verbose=False)
+    with pytest.raises(course_shards.MergeError, match="another shard plan"):
+        course_shards.merge([tmp / "p1", tmp / "q2"], tmp / "m3", verbose=False)
     # without a plan file each part records the class it saw: parts that saw different classes are refused
     course_grade.grade(subs, out=tmp / "r1", shard="1/2", **kw)
     (subs / "s5" / A / f"{A}.ipynb").unlink()
     (subs / "s5" / A).rmdir()
     (subs / "s5").rmdir()
     course_grade.grade(subs, out=tmp / "r2", shard="2/2", **kw)
-    with pytest.raises(course_grade.MergeError, match="another shard plan"):
-        course_grade.merge([tmp / "r1", tmp / "r2"], tmp / "m4", verbose=False)
+    with pytest.raises(course_shards.MergeError, match="another shard plan"):
+        course_shards.merge([tmp / "r1", tmp / "r2"], tmp / "m4", verbose=False)
     # the command line: non-zero, and the missing students named
     from tfbook.course import __main__ as cli
 
@@ -499,7 +504,7 @@ def test_precision_is_read_through_any_container():
 def test_a_copied_test_cell_is_ignored_where_it_is_not_the_masters():
     nb = student(edit=_copy_test_above_answer)
     plan = course_judge.plan(master(), A)
-    cells, notes, placed = course_grade.build_job(nb, plan)
+    cells, notes, placed = course_job.build_job(nb, plan)
     tests = [c for c in cells if c["kind"] == "test" and c["gid"] == "ex97-3-prediction-tests"]
     assert len(tests) == 1
     answer = _index(nb, "ex97-3-prediction")
@@ -541,9 +546,9 @@ def test_nothing_persists_from_one_sandbox_to_the_next(tmp_path):
 
     def run(source):
         cells = [{"index": 0, "kind": "code", "source": KEYS + source}]
-        return course_grade.run_attempt({"cells": cells, "timeout": 5, "visible_only": True}, tmp_path / "s",
-                                        dict, timeout=5, budget=course_grade.Budget.of(60), use_bwrap=True,
-                                        limits=course_sandbox.Limits(), nproc=None, log=tmp_path / "log", slot=slot)
+        return course_attempt.run_attempt({"cells": cells, "timeout": 5, "visible_only": True}, tmp_path / "s",
+                                          dict, timeout=5, budget=course_budget.Budget.of(60), use_bwrap=True,
+                                          limits=course_sandbox.Limits(), nproc=None, log=tmp_path / "log", slot=slot)
     try:
         put = run("for _r in (-4, -3, -5):\n"
                   "    print(_libc.syscall(_ADD, b'user', b'tfbook-leak', b'1234.5', 6, ctypes.c_long(_r)))")

@@ -10,7 +10,7 @@ import nbformat
 import pytest
 from grader_release import released_chapters
 
-from tfbook.course import demo, grade, sandbox
+from tfbook.course import demo, grade, sandbox, shards
 
 ROOT = Path(__file__).resolve().parents[1]
 MASTER = ROOT / "notebooks" / f"{demo.CH0}.ipynb"
@@ -20,10 +20,10 @@ pytestmark = pytest.mark.skipif(not MASTER.exists(), reason="chapter 0 not writt
 
 
 def test_parse_shard_refuses_nonsense():
-    assert grade.parse_shard("2/3") == (2, 3) and grade.parse_shard(None) == (1, 1)
+    assert shards.parse_shard("2/3") == (2, 3) and shards.parse_shard(None) == (1, 1)
     for bad in ("0/2", "3/2", "1", "a/b", "1/0"):
         with pytest.raises(ValueError, match="--shard"):
-            grade.parse_shard(bad)
+            shards.parse_shard(bad)
 
 
 def test_two_shards_merged_equal_one_run(tmp_path):
@@ -38,7 +38,7 @@ def test_two_shards_merged_equal_one_run(tmp_path):
     keys = [{(r.student, r.assignment) for r in p} for p in parts]
     assert keys[0] and keys[1] and not keys[0] & keys[1]  # both shards have work, none twice
     assert keys[0] | keys[1] == {(r.student, r.assignment) for r in one}
-    grade.merge([tmp_path / "part1", tmp_path / "part2"], tmp_path / "merged", verbose=False)
+    shards.merge([tmp_path / "part1", tmp_path / "part2"], tmp_path / "merged", verbose=False)
     one_csv = (tmp_path / "one" / "grades.csv").read_text(encoding="utf-8")
     assert (tmp_path / "merged" / "grades.csv").read_text(encoding="utf-8") == one_csv
     assert (tmp_path / "merged" / "exercises.csv").read_text(encoding="utf-8") == \
@@ -47,4 +47,4 @@ def test_two_shards_merged_equal_one_run(tmp_path):
         == sorted(p.relative_to(tmp_path / "one") for p in (tmp_path / "one" / "feedback").rglob("*.html"))
     assert [float(line.split(",")[2]) for line in one_csv.splitlines()[1:]] == [7, 2]
     with pytest.raises(ValueError, match="two shards"):  # the same shard merged twice
-        grade.merge([tmp_path / "part1", tmp_path / "part1"], tmp_path / "bad", verbose=False)
+        shards.merge([tmp_path / "part1", tmp_path / "part1"], tmp_path / "bad", verbose=False)

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from tfbook.course import grade as course_grade
+from tfbook.course import attempt as course_attempt
+from tfbook.course import budget as course_budget
 from tfbook.course import sandbox as course_sandbox
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the meter reads Linux's /proc")
@@ -35,22 +36,22 @@ BUSY = "import time\n_t = time.process_time()\nwhile time.process_time() - _t < 
 
 def _attempt(sources, timeout=LIMIT, budget=None, sandboxed=False):
     cells = [{"index": i, "kind": "code", "source": s} for i, s in enumerate(sources)]
-    budget = budget or course_grade.Budget.of(60)
+    budget = budget or course_budget.Budget.of(60)
     use_bwrap = sandboxed and not course_sandbox.available()
     with tempfile.TemporaryDirectory() as tmp:
         start = time.monotonic()
-        a = course_grade.run_attempt({"cells": cells, "timeout": timeout, "visible_only": True},
-                                     Path(tmp) / "s", dict, timeout=timeout, budget=budget,
-                                     use_bwrap=use_bwrap, limits=course_sandbox.Limits(),
-                                     nproc=course_sandbox.nproc_limit(course_sandbox.Limits(), 1),
-                                     log=Path(tmp) / "log")
+        a = course_attempt.run_attempt({"cells": cells, "timeout": timeout, "visible_only": True},
+                                       Path(tmp) / "s", dict, timeout=timeout, budget=budget,
+                                       use_bwrap=use_bwrap, limits=course_sandbox.Limits(),
+                                       nproc=course_sandbox.nproc_limit(course_sandbox.Limits(), 1),
+                                       log=Path(tmp) / "log")
         a.wall = time.monotonic() - start
     return a
 
 
 def test_the_backstop_is_three_times_the_cpu_limit_here():
     assert course_sandbox.run_queue_delays_available()  # this kernel counts run-queue delays
-    assert course_grade.wall_factor() == course_grade.WALL_FACTOR == 3.0
+    assert course_budget.wall_factor() == course_budget.WALL_FACTOR == 3.0
 
 
 def test_a_loop_meets_the_cpu_limit_and_a_sleeper_the_wall_backstop():
@@ -61,8 +62,8 @@ def test_a_loop_meets_the_cpu_limit_and_a_sleeper_the_wall_backstop():
     assert a.culprit is None and not a.overall  # both stopped when interrupted: nothing skipped
     # the sleeper stopped after 3 s of its own time, not its 60 s; the loop after 1 s of CPU
     assert a.wall < 60 and 1.0 <= a.cpu < 10
-    assert course_grade.ran_longer(LIMIT, "cpu") == "ran longer than 1 s of CPU time"
-    assert course_grade.ran_longer(LIMIT, "wall").startswith("ran longer than 3 s of wall-clock time")
+    assert course_budget.ran_longer(LIMIT, "cpu") == "ran longer than 1 s of CPU time"
+    assert course_budget.ran_longer(LIMIT, "wall").startswith("ran longer than 3 s of wall-clock time")
 
 
 @pytest.mark.parametrize("kind", ["loop", "sleep"])
@@ -75,14 +76,14 @@ def test_code_that_ignores_the_interrupt_is_killed_by_the_grader(kind):
     a = _attempt(["x = 1", source], sandboxed=True)
     assert a.culprit == ("cell", 1, "timeout")
     if kind == "loop":
-        assert a.cpu >= LIMIT + course_grade.GRACE  # stopped by CPU time...
+        assert a.cpu >= LIMIT + course_budget.GRACE  # stopped by CPU time...
     else:
-        assert a.cpu < LIMIT + course_grade.GRACE  # ... and this one by the backstop
-        assert a.own >= 3 * LIMIT + course_grade.GRACE and a.wall < 100
+        assert a.cpu < LIMIT + course_budget.GRACE  # ... and this one by the backstop
+        assert a.own >= 3 * LIMIT + course_budget.GRACE and a.wall < 100
 
 
 def test_the_notebook_limit_counts_cpu_seconds():
-    budget = course_grade.Budget(cpu=2.5, wall=60)
+    budget = course_budget.Budget(cpu=2.5, wall=60)
     a = _attempt([BUSY.format(s=0.7)] * 6, budget=budget)
     assert a.overall
     assert 1 <= len([r for r in a.records.values() if r["status"] == "ok"]) < 4  # 6 x 0.7 s: not all ran
@@ -134,12 +135,12 @@ def test_the_meter_counts_a_grandchilds_cpu_and_not_its_wait(tmp_path):
 
 def test_without_run_queue_delays_the_backstop_is_plain_wall_time(monkeypatch):
     monkeypatch.setattr(course_sandbox, "run_queue_delays_available", lambda: False)
-    assert course_grade.wall_factor() == course_grade.PLAIN_WALL_FACTOR
+    assert course_budget.wall_factor() == course_budget.PLAIN_WALL_FACTOR
     meter = course_sandbox.Meter(os.getpid())
     assert not meter.fair
     time.sleep(0.3)
     assert meter.sample().own >= 0.3
-    assert "not spent waiting" not in course_grade.limit_words(60)
+    assert "not spent waiting" not in course_budget.limit_words(60)
 
 
 def test_a_slots_control_group_counts_the_cpu_a_process_tree_hides():

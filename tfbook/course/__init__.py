@@ -52,13 +52,21 @@ import it; its modules import each other in one direction only):
 - :mod:`tfbook.course.report`: feedback pages, the per-exercise table, the console (release);
 - :mod:`tfbook.course.policies`: an instructor's rules (``course/policies.py``), e.g. forbidden
   reference functions;
-- :mod:`tfbook.course.grade`: the batch, ``--shard k/N`` and ``merge`` (judge, sandbox, wire,
-  report, release, policies);
+- grading, one job per module: :mod:`tfbook.course.rows` (a submission's row and the words of
+  its reason), :mod:`tfbook.course.job` (the cells a sandbox runs), :mod:`tfbook.course.budget`
+  (time limits and their backstop), :mod:`tfbook.course.attempt` (one supervised sandbox run:
+  the answers captured; sandbox, wire, report), :mod:`tfbook.course.judging` (the judge
+  processes; judge), :mod:`tfbook.course.submission` (one submission graded: runs, judging, its
+  row; policies), :mod:`tfbook.course.collect` (what is under SUBMISSIONS_DIR),
+  :mod:`tfbook.course.shards` (shard plans and ``merge``), :mod:`tfbook.course.check` (a
+  student's ``check``), :mod:`tfbook.course.grade` (the batch: every submission, then the
+  outputs);
 - :mod:`tfbook.course.demo`: a generated class that attacks the grader (release);
-- ``python -m tfbook.course`` (``__main__``): the command line (release, grade, sandbox).
+- ``python -m tfbook.course`` (``__main__``): the command line (release, grade, shards, check, sandbox).
 """
 
-__all__ = ["wire", "sandbox", "driver", "judge", "release", "report", "policies", "grade", "demo"]
+__all__ = ["wire", "sandbox", "driver", "judge", "release", "report", "policies", "rows", "job", "budget",
+           "attempt", "judging", "submission", "collect", "shards", "check", "grade", "demo"]
 
 # A student's `check` needs the `check` extra (pyproject.toml), an instructor's release, grade
 # and merge the `course` extra (nbgrader and the rest); without them, say so instead of a bare

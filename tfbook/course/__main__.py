@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from tfbook.course import __doc__ as course_doc
-from tfbook.course import grade, release, sandbox
+from tfbook.course import check, grade, release, sandbox, shards
 
 ROOT = release.ROOT
 
@@ -84,16 +84,16 @@ def main(argv: list[str] | None = None) -> int:
             written = release.release(args.notebooks or None, out=args.out, install=args.install)
             print(f"released {len(written)} notebook(s) to {args.out} in {time.perf_counter() - start:.1f} s")
         elif args.command == "check":
-            failed = grade.check_notebook(args.notebook, timeout=args.timeout)
+            failed = check.check_notebook(args.notebook, timeout=args.timeout)
             return 1 if failed else 0
         elif args.command == "merge":
             try:
-                grade.merge(args.parts, args.out)
-            except grade.MergeError as exc:
+                shards.merge(args.parts, args.out)
+            except shards.MergeError as exc:
                 print(f"merge: {exc}", file=sys.stderr)
                 return 1
         elif args.command == "plan":
-            manifest = grade.make_plan(args.submissions, release.NOTEBOOKS, args.shards, args.out)
+            manifest = shards.make_plan(args.submissions, release.NOTEBOOKS, args.shards, args.out)
             print(f"shard plan {manifest['digest'][:12]}: {len(manifest['work'])} rows in {args.shards} "
                   f"shard(s), written to {args.out}; grade each with --shard K/{args.shards} --plan {args.out}")
         else:

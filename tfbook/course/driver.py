@@ -1,4 +1,4 @@
-"""Runs ONE submission inside its sandbox; started by :mod:`tfbook.course.grade` (never by hand).
+"""Runs ONE submission inside its sandbox; started by :mod:`tfbook.course.attempt` (never by hand).
 
     python -m tfbook.course.driver JOB.json
 
