@@ -168,26 +168,18 @@ def test_a_component_importing_a_task_is_found(tmp_path):
     assert cycles(graph) == [["tfbook.numpy", "tfbook.numpy.attention", "tfbook.tasks.addition"]]
 
 
-def test_old_module_paths_still_give_the_moved_names():
-    """The chapters import these paths; each gives the very objects of the new home."""
-    import tfbook.backprop
+def test_old_module_paths_are_gone_or_give_the_moved_names():
+    """No module exists only to re-export another: the old paths the chapters no longer import are
+    gone; the ones left give the very objects of the new home."""
+    import importlib.util
+
     import tfbook.dynamics
-    import tfbook.numpy.backprop
-    import tfbook.numpy.optim
-    import tfbook.numpy.positions
-    import tfbook.numpy.vision
-    import tfbook.optim
-    import tfbook.positions
     import tfbook.tasks.ablation
     import tfbook.tasks.dynamics
-    import tfbook.torch.functional.vision
     import tfbook.torch.optim
 
-    assert tfbook.backprop is tfbook.numpy.backprop and tfbook.optim is tfbook.numpy.optim
-    assert tfbook.positions.rope_attention is tfbook.numpy.positions.rope_self_attention
-    assert tfbook.positions.alibi_bias is tfbook.numpy.positions.alibi_bias
-    assert tfbook.positions.tubelets is tfbook.numpy.vision.tubelets
-    assert tfbook.positions.tubelets_torch is tfbook.torch.functional.vision.tubelets
+    for old in ("tfbook.backprop", "tfbook.optim", "tfbook.positions", "tfbook.decoding", "tfbook.efficient"):
+        assert importlib.util.find_spec(old) is None, old
     for name in tfbook.tasks.dynamics.__all__:
         if name != "main":  # the old path keeps its own command line (python -m tfbook.dynamics warmup)
             assert getattr(tfbook.dynamics, name) is getattr(tfbook.tasks.dynamics, name), name

@@ -1,7 +1,7 @@
 """Backward passes of the transformer in NumPy (chapter 10), each the chain rule written out.
 
 NumPy only: PyTorch's twin of this module is autograd, which the tests compare every function
-with. Also importable as ``tfbook.backprop`` (its first home, which the chapters use).
+with.
 
 Every ``*_backward`` function takes the gradient of the loss with respect to a layer's
 output (``dY``, ``dZ``: same shape as the output) and the layer's forward inputs, recomputes

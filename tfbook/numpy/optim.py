@@ -19,8 +19,7 @@ gradients give the same parameters to round-off (checked over 100 steps in the t
 
 The learning-rate schedule is :func:`tfbook.torch.training.lr_schedule` (a plain list of floats).
 The PyTorch twins are the ``torch.optim.Optimizer`` classes of :mod:`tfbook.torch.optim`
-(objects holding their state, as PyTorch's optimisers are). Also importable as ``tfbook.optim``
-(its first home, which the chapters use).
+(objects holding their state, as PyTorch's optimisers are).
 """
 
 from __future__ import annotations

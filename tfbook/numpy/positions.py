@@ -224,7 +224,7 @@ def rope(X, positions=None, base=10000.0):
 
 
 # ---------------------------------------------------------------------------
-# Chapter 7's other position schemes (moved from tfbook.positions)
+# Chapter 7's other position schemes
 # ---------------------------------------------------------------------------
 
 
@@ -249,8 +249,8 @@ def interleave_permutation(D):
 def rope_self_attention(X, W_Q, W_K, W_V, positions, base=10000.0):
     """One head of self-attention with rotary embeddings on the queries and keys (chapter 7).
 
-    ``tfbook.positions.rope_attention`` (its old name). Chapter 14's :func:`tfbook.numpy.rope_attention`
-    takes ``Q, K, V`` and both layouts instead of ``X`` and the weights.
+    Chapter 14's :func:`tfbook.numpy.rope_attention` takes ``Q, K, V`` and both layouts instead of
+    ``X`` and the weights.
 
     Parameters
     ----------

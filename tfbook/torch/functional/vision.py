@@ -75,7 +75,7 @@ def attention_rollout(attentions, residual=True):
 
 def tubelets(video, t, p):
     """:func:`tfbook.numpy.vision.tubelets` for a torch tensor (same shapes and order), with
-    ``Tensor.unfold`` (``tfbook.positions.tubelets_torch``, its old name)."""
+    ``Tensor.unfold``."""
     B, C, F, H, W = _check_video(video, t, p)
     x = video.unfold(2, t, t).unfold(3, p, p).unfold(4, p, p)  # (B, C, F/t, H/p, W/p, t, p, p)
     x = x.permute(0, 2, 3, 4, 1, 5, 6, 7)                       # (B, F/t, H/p, W/p, C, t, p, p)
