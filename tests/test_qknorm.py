@@ -176,3 +176,55 @@ def test_equals_hugging_face_qwen3_with_copied_weights():
     for b in plain["blocks"]:
         b["attn"].pop("q_norm"), b["attn"].pop("k_norm")
     assert np.abs(tnp.llama_lm(ids.numpy(), plain, 4, 2) - theirs.numpy()).max() > 1e-3
+
+
+# ----------------------------------------------------------------------------- the shipped experiment
+def test_qknorm_artifacts_exist_are_small_and_complete():
+    from tfbook.tasks import qknorm
+    from tfbook.tasks._common import shipped
+
+    for name in qknorm.ARTIFACTS:
+        assert shipped(name).is_file() and shipped(name).stat().st_size < 200_000, name
+    curves = qknorm.load_curves()
+    keys = sorted((r["lr"], r["arm"], r["seed"]) for r in curves["runs"])
+    assert keys == sorted((lr, arm, s) for lr in qknorm.LRS for arm in qknorm.ARMS for s in qknorm.RECIPE["seeds"])
+    for r in curves["runs"]:
+        assert len(r["probe_steps"]) == len(r["max_logit"]) == qknorm.RECIPE["steps"] // qknorm.RECIPE["probe_every"] + 1
+
+
+def test_shipped_qknorm_models_reproduce_their_recorded_figures():
+    from tfbook.tasks import qknorm
+
+    probe = qknorm.probe_ids()
+    for arm in qknorm.ARMS:
+        model, history = qknorm.load_pretrained(arm)
+        assert model.config.qk_norm == (arm == "on")
+        rec = history.extra["rounded"]
+        model = model.double()
+        assert abs(qknorm.max_logit(model, probe) - rec["max_logit"]) < 1e-9
+        assert abs(qknorm.evaluate(model) - rec["final_validation"]) < 1e-9
+
+
+def test_the_recipe_reproduces_a_shipped_logit_curve(one_thread):
+    from tfbook.tasks import qknorm
+
+    curves = qknorm.load_curves()
+    rec = next(r for r in curves["runs"] if (r["arm"], r["lr"], r["seed"]) == ("on", 0.1, 1))
+    _, history = qknorm.train("on", lr=0.1, seed=1)
+    got = np.array(history.extra["max_logit"])
+    assert got[0] == pytest.approx(rec["max_logit"][0], rel=1e-6)  # the initial weights: seeded
+    # float32 training: another CPU's kernels move the last bits, which 200 steps amplify a little
+    assert np.allclose(got, rec["max_logit"], rtol=0.05)
+    assert abs(history.extra["final_validation"] - rec["final_validation"]) < 0.02
+
+
+def test_modern_bracket_record_puts_the_best_rate_inside_the_grid():
+    from tfbook.tasks import modern
+
+    scores = modern.load_scores()
+    grid = scores["lrs"] + scores["bracket_lrs"]
+    assert scores["bracket_lrs"] == list(modern.BRACKET_LRS)
+    for kind in modern.KINDS:
+        row = {**scores["lr_search"][kind], **scores["lr_bracket"][kind]}
+        best = min((lr for lr in grid if str(lr) in row), key=lambda lr: row[str(lr)])
+        assert min(grid) < best < max(grid), kind
