@@ -260,3 +260,36 @@ def test_ex10_3_prediction_test(prediction, phrase):
 def test_ex10_3_true_changes_are_the_closed_form():
     """The verification cell's numbers are lr |g| / (|g| + eps): 0.01 / 11 for the tiny gradient."""
     np.testing.assert_allclose(_first_step(), [0.01 / 11, 0.01 / (1 + 1e-8), 0.01 / (1 + 1e-10)], rtol=1e-12)
+
+
+def _ns_singular_values():
+    """The verification cell of exercise 10.4: one position's gradient x (dy)^T, 1 and 5 quintic steps."""
+    import tfbook.numpy.optim as nopt
+
+    g = np.random.default_rng(6)
+    rank_one = np.outer(g.normal(size=16), g.normal(size=24))
+    return tuple(np.linalg.svd(nopt.newton_schulz(rank_one, steps=k), compute_uv=False)[0] for k in (1, 5))
+
+
+@pytest.mark.parametrize("prediction_ns,phrase", [
+    ((0.701, 0.696436), None),
+    ((1.0, 1.0), "is 1 a fixed point"),                # taking the normalised singular value as a fixed point
+    ((0.701, 0.701 ** 5), "not p(1) to the fifth power"),   # powering instead of iterating
+    ((0.701, 0.701), "five times in a row"),           # assuming one step already converged
+])
+def test_ex10_4_prediction_test(prediction_ns, phrase):
+    src = _cells()["ex10-4-prediction-tests"]
+    ns = _namespace(prediction_ns=prediction_ns, ns_sv=_ns_singular_values())
+    if phrase is None:
+        exec(src, ns)
+    else:
+        with pytest.raises(AssertionError, match=re.escape(phrase)):
+            exec(src.split("### BEGIN HIDDEN TESTS")[0], ns)
+
+
+def test_ex10_4_true_values_are_the_scalar_map():
+    """A rank-one matrix over its Frobenius norm has singular value 1, so NS gives p(1) and p^5(1)."""
+    s = [1.0]
+    for _ in range(5):
+        s.append(3.4445 * s[-1] - 4.7750 * s[-1] ** 3 + 2.0315 * s[-1] ** 5)
+    np.testing.assert_allclose(_ns_singular_values(), (s[1], s[5]), rtol=1e-12)

@@ -10,4 +10,5 @@ HIDDEN = {
         "D": "the second moment after the first step: (1 - beta2) g**2",
     },
     "ex10-3-prediction-tests": {"E": "the predicted step sizes, each within 0.1%"},
+    "ex10-4-prediction-tests": {"F": "the two predicted singular values, each within 0.1%"},
 }
