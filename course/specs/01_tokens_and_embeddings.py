@@ -14,7 +14,7 @@ HIDDEN = {
         "H": "two pieces made of one repeated letter, where merges must not overlap",
         "I": "the answer must not call the package's own trainer",
     },
-    "ex1-3-vit-tokens-tests": {"K": "the predicted number of tokens and numbers per token"},
+    "ex1-3-dilated-reach-tests": {"K": "the predicted receptive field with doubling dilations"},
     "ex1-4-prediction-tests": {"L": "the predicted number of rows"},
-    "ex1-5-bytes-tests": {"M": "the predicted number of token ids"},
+    "ex1-5-bytes-tests": {"M": "the predicted number of ids for the decomposed word", "N": "the predicted number of ids for the joined emoji"},
 }
