@@ -7,5 +7,5 @@ HIDDEN = {
         "C": "heads of width 1, several kept out of order",
     },
     "ex5-2-gqa-counts-tests": {"D": "the predicted counts"},
-    "ex5-3-prediction-tests": {"E": "the predicted answer"},
+    "ex5-3-prediction-tests": {"E": "the predicted (token, first coordinate) of the second head's rows"},
 }
