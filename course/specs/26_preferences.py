@@ -1,0 +1,13 @@
+"""Hidden cases of chapter 26 (see README.md in this folder)."""
+
+HIDDEN = {
+    "ex26-1-dpo-tests": {
+        "A": "twenty random sets of seven pairs and random betas, against the chapter's dpo_loss",
+        "B": "two pairs with margins of +2000 and -2000: the mean of 0 and 2000",
+    },
+    "ex26-2-optimum-tests": {"C": "the predicted probability of the rewarded answer"},
+    "ex26-3-verifier-tests": {
+        "D": "thirty reference probabilities at three betas, against the chapter's kl_optimal_policy",
+        "E": "a reference that is almost never right, at a tiny beta",
+    },
+}
