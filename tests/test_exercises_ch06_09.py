@@ -144,19 +144,18 @@ MUTANTS["07_positional_information"] = {
     ],
 }
 
-_LN_BACKWARD = """
-def layer_norm_backward(X, gamma, G, eps=1e-5):
-    mu = X.mean(axis=-1, keepdims=True)
-    s = np.sqrt(((X - mu) ** 2).mean(axis=-1, keepdims=True)EPS)
-    xh, g = (X - mu) / s, GRAD
-    return (g MEAN_TERM XHAT_TERM) / s
+_RMS_BACKWARD = """
+def rms_norm_backward(X, gamma, G, eps=1e-6):
+    r = np.sqrt((X * X).mean(axis=-1, keepdims=True)EPS)
+    g = GRAD
+    return (g MEAN_TERM X_TERM) / r
 """
 
 
-def _ln_backward(**change) -> str:
+def _rms_backward(**change) -> str:
     """Exercise 8.2's answer, with the mistake put in by replacing one of its upper-case parts."""
-    return variant(_LN_BACKWARD, dict(EPS=" + eps", GRAD="G * gamma", MEAN_TERM="- g.mean(axis=-1, keepdims=True)",
-                                      XHAT_TERM="- xh * (g * xh).mean(axis=-1, keepdims=True)"), **change)
+    return variant(_RMS_BACKWARD, dict(EPS=" + eps", GRAD="G * gamma", MEAN_TERM="",
+                                       X_TERM="- X * (g * X).mean(axis=-1, keepdims=True) / r ** 2"), **change)
 
 
 MUTANTS["08_mlp_residuals_layernorm"] = {
@@ -188,12 +187,13 @@ MUTANTS["08_mlp_residuals_layernorm"] = {
                 return X / np.sqrt(np.mean(X * X, axis=-1, keepdims=True) + eps) * gamma
             """, "keep the dtype of X"),
     ],
-    "ex8-2-ln-backward-tests": [
-        ("gain left out", _ln_backward(GRAD="G"), "the gain was left out"),
-        ("mean term missing", _ln_backward(MEAN_TERM=""), "-mean(g) is missing"),
-        ("x-hat term missing", _ln_backward(XHAT_TERM=""), "the scale s depends on x too"),
-        ("eps left out", _ln_backward(EPS=""), "eps was left out"),
-        ("eps argument ignored", _ln_backward(EPS=" + 1e-5"), "the eps argument was ignored"),
+    "ex8-2-rms-backward-tests": [
+        ("gain left out", _rms_backward(GRAD="G"), "the gain was left out"),
+        ("r held constant", _rms_backward(X_TERM=""), "r depends on x too"),
+        ("LayerNorm's mean term", _rms_backward(MEAN_TERM="- g.mean(axis=-1, keepdims=True)"),
+         "RMSNorm subtracts no mean"),
+        ("eps left out", _rms_backward(EPS=""), "eps was left out"),
+        ("eps argument ignored", _rms_backward(EPS=" + 1e-6"), "the eps argument was ignored"),
     ],
 }
 
