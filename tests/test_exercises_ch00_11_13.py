@@ -116,39 +116,49 @@ MISTAKES: dict[str, dict[str, dict[str, tuple[str, str]]]] = {
             "no max subtracted": (_next_token_probs(SHIFT="0.0"), "exp(1e5) overflows"),
             "max over the whole array": (_next_token_probs(SHIFT="z.max()"), "the max was taken over the whole array"),
         },
-        "ex11-2-attend-with-cache-tests": {
-            "the cache given back unchanged": (code("""
-                def attend_with_cache(q, k, v, cache):
+        "ex11-2-attend-with-window-tests": {
+            "the cache never trimmed": (code("""
+                def attend_with_window(q, k, v, cache, window):
                     K, V = (k, v) if cache is None else (np.concatenate([cache[0], k], axis=-2),
                                                          np.concatenate([cache[1], v], axis=-2))
-                    z, _ = tnp.scaled_dot_product_attention(q, K, V)
-                    return z, cache
-            """), "the cache did not grow"),
-            "new key first": (code("""
-                def attend_with_cache(q, k, v, cache):
-                    K, V = (k, v) if cache is None else (np.concatenate([k, cache[0]], axis=-2),
-                                                         np.concatenate([v, cache[1]], axis=-2))
                     z, _ = tnp.scaled_dot_product_attention(q, K, V)
                     return z, (K, V)
-            """), "the new key went first"),
-            "not scaled": (code("""
-                def attend_with_cache(q, k, v, cache):
+            """), "the cache grew past the window"),
+            "trimmed before the new row is added": (code("""
+                def attend_with_window(q, k, v, cache, window):
+                    K, V = (k, v) if cache is None else (np.concatenate([cache[0][..., -window:, :], k], axis=-2),
+                                                         np.concatenate([cache[1][..., -window:, :], v], axis=-2))
+                    z, _ = tnp.scaled_dot_product_attention(q, K, V)
+                    return z, (K, V)
+            """), "the cache holds window + 1 rows"),
+            "the oldest rows kept": (code("""
+                def attend_with_window(q, k, v, cache, window):
                     K, V = (k, v) if cache is None else (np.concatenate([cache[0], k], axis=-2),
                                                          np.concatenate([cache[1], v], axis=-2))
+                    K, V = K[..., :window, :], V[..., :window, :]
+                    z, _ = tnp.scaled_dot_product_attention(q, K, V)
+                    return z, (K, V)
+            """), "the cache kept the oldest rows"),
+            "attended before trimming": (code("""
+                def attend_with_window(q, k, v, cache, window):
+                    K, V = (k, v) if cache is None else (np.concatenate([cache[0], k], axis=-2),
+                                                         np.concatenate([cache[1], v], axis=-2))
+                    z, _ = tnp.scaled_dot_product_attention(q, K, V)
+                    return z, (K[..., -window:, :], V[..., -window:, :])
+            """), "each token attended to window + 1 keys"),
+            "not scaled": (code("""
+                def attend_with_window(q, k, v, cache, window):
+                    K, V = (k, v) if cache is None else (np.concatenate([cache[0], k], axis=-2),
+                                                         np.concatenate([cache[1], v], axis=-2))
+                    K, V = K[..., -window:, :], V[..., -window:, :]
                     z, _ = tnp.scaled_dot_product_attention(q, K, V, scale=1.0)
                     return z, (K, V)
             """), "not divided by sqrt(D_K)"),
-            "the old cache only": (code("""
-                def attend_with_cache(q, k, v, cache):
-                    if cache is None:
-                        return v, (k, v)
-                    z, _ = tnp.scaled_dot_product_attention(q, cache[0], cache[1])
-                    return z, (np.concatenate([cache[0], k], axis=-2), np.concatenate([cache[1], v], axis=-2))
-            """), "attended to the old cache only"),
             "concatenated along axis 0": (code("""
-                def attend_with_cache(q, k, v, cache):
+                def attend_with_window(q, k, v, cache, window):
                     K, V = (k, v) if cache is None else (np.concatenate([cache[0], k], axis=0),
                                                          np.concatenate([cache[1], v], axis=0))
+                    K, V = K[..., -window:, :], V[..., -window:, :]
                     z, _ = tnp.scaled_dot_product_attention(q, K, V)
                     return z, (K, V)
             """), "concatenate along the token axis, -2, not 0"),

@@ -7,10 +7,12 @@ HIDDEN = {
         "C": "greedy (temperature 0) with two leading axes: one-hot along the last axis",
         "D": "a very large temperature: the distribution approaches uniform",
     },
-    "ex11-2-attend-with-cache-tests": {
-        "E": "one leading axis and D_K different from D_V, fed one token at a time: causal attention",
-        "F": "the cached values after a whole sequence, in token order",
-        "G": "a step with a non-empty cache and large scores: finite, the new token attended as well",
+    "ex11-2-attend-with-window-tests": {
+        "E": "one leading axis, D_K different from D_V and another window, fed one token at a time: the banded mask",
+        "F": "the cached values after a whole sequence: only the newest window rows, in token order",
+        "G": "a window of one token: each token attends to itself alone",
+        "J": "a window longer than the sequence: plain causal attention",
+        "K": "a step with a full cache and large scores: finite, the oldest row dropped, the new token attended",
     },
     "ex11-3-batch-intensity-tests": {"H": "the predicted FLOPs per byte"},
     "ex11-4-window-rows-tests": {"I": "the predicted number of rows"},
