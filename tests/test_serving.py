@@ -65,7 +65,18 @@ PARITY_CASES = {
                              dict(group_size=4)),
     "speculative_accept": lambda g: (_pq(g, (6,), 5) + (g.integers(0, 5, 6), g.uniform(size=6)), {}),
     "speculative_distribution": lambda g: (_pq(g, (3, 4), 6), {}),
+    "paged_write": lambda g: ((np.zeros((5, 4, 2, 3)), g.standard_normal((3, 2, 3)),
+                               np.array([[4, 1, -1], [0, 2, 3], [4, 1, -1]]), np.array([5, 9, 0])), {}),
+    "paged_attention": lambda g: ((g.standard_normal((3, 4, 3)), g.standard_normal((5, 4, 2, 3)),
+                                   g.standard_normal((5, 4, 2, 6)), np.array([[4, 1, -1], [0, 2, 3], [3, -1, -1]]),
+                                   np.array([6, 12, 1])), {}),
+    "gptq_quantize": lambda g: (_gptq_case(g), dict(bits=3, group_size=4)),
 }
+
+
+def _gptq_case(g):
+    X = g.standard_normal((40, 8)) @ g.standard_normal((8, 8))
+    return g.standard_normal((8, 5)), X.T @ X
 
 
 #: the same cases in the form of tests/test_backends_parity.py: name -> [builder(g) -> (args, kwargs, torch_extra)]
@@ -74,6 +85,8 @@ BACKEND_PARITY_CASES = {name: [lambda g, b=b: (*b(g), {})] for name, b in PARITY
 
 def test_every_component_has_a_parity_case():
     assert set(PARITY_CASES) == set(S.__all__)
+    # the block allocator is plain Python bookkeeping, one class (not re-exported) shared by both backends
+    assert TF.serving.BlockAllocator is S.BlockAllocator
 
 
 @pytest.mark.parametrize("name", sorted(PARITY_CASES))
@@ -369,6 +382,23 @@ BAD = [
      "num_heads=3 does not divide"),
     (lambda B: B.mla_attention(_z(B, (5, 32)), _conv(B, {k: v for k, v in mla_params(np.random.default_rng(0)).items()
                                                         if k != "W_Q"}), 4), "missing keys"),
+    (lambda B: B.paged_attention(_z(B, (2, 4, 3)), _z(B, (5, 4, 2, 3)), _z(B, (5, 4, 2, 3)), np.zeros((3, 2), int),
+                                 np.ones(3, int)), "block_tables must have shape (N, max_blocks) with N = 2"),
+    (lambda B: B.paged_attention(_z(B, (2, 4, 3)), _z(B, (5, 4, 2, 3)), _z(B, (5, 4, 2, 3)), np.zeros((2, 2), int),
+                                 np.array([1, 9])), "lengths must lie in [1, max_blocks * block_size = 8]"),
+    (lambda B: B.paged_attention(_z(B, (2, 3, 3)), _z(B, (5, 4, 2, 3)), _z(B, (5, 4, 2, 3)), np.zeros((2, 2), int),
+                                 np.ones(2, int)), "Q's H = 3 heads must be a multiple of the cache's H_kv = 2"),
+    (lambda B: B.paged_attention(_z(B, (2, 4, 3)), _z(B, (5, 4, 2, 3)), _z(B, (5, 4, 2, 3)), np.array([[0, 7], [1, 2]]),
+                                 np.array([8, 8])), "block_tables must name blocks in [0, num_blocks=5)"),
+    (lambda B: B.paged_attention(_z(B, (2, 4, 3)), _z(B, (5, 4, 2, 3)), _z(B, (5, 3, 2, 3)), np.zeros((2, 2), int),
+                                 np.ones(2, int)), "v_cache must have shape (num_blocks, block_size, H_kv, D_V)"),
+    (lambda B: B.paged_write(_z(B, (5, 4, 2, 3)), _z(B, (2, 3, 3)), np.zeros((2, 2), int), np.zeros(2, int)),
+     "K_new must have H_kv = 2 heads"),
+    (lambda B: B.paged_write(_z(B, (5, 4, 2, 3)), _z(B, (2, 2, 3)), np.zeros((2, 2), int), np.zeros(3, int)),
+     "lengths (or positions) must have shape (N,) = (2,)"),
+    (lambda B: B.gptq_quantize(_z(B, (8, 4)), _z(B, (4, 4))), "H must have shape (D_in, D_in) = (8, 8)"),
+    (lambda B: B.gptq_quantize(_z(B, (10, 4)), _z(B, (10, 10)), group_size=4), "group_size=4 does not divide D_in=10"),
+    (lambda B: B.gptq_quantize(_z(B, (8, 4)), _z(B, (8, 8)), bits=1), "bits"),
 ]
 
 

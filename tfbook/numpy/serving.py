@@ -32,6 +32,9 @@ __all__ = [
     "dequantize",
     "speculative_accept",
     "speculative_distribution",
+    "paged_write",
+    "paged_attention",
+    "gptq_quantize",
 ]
 
 _SCALINGS = (None, "pi", "ntk", "yarn")
@@ -484,3 +487,211 @@ def speculative_distribution(p, q):
     accepted = np.minimum(p, q)  # q(x) min(1, p(x)/q(x))
     alpha = accepted.sum(-1, keepdims=True)
     return accepted + (1.0 - alpha) * _residual(p, q)
+
+
+# ---------------------------------------------------------------------------
+# A paged KV cache (vLLM's PagedAttention, Kwon et al. 2023)
+# ---------------------------------------------------------------------------
+
+
+class BlockAllocator:
+    """The bookkeeping of a paged KV cache: ``num_blocks`` blocks of ``block_size`` token slots,
+    a free list, and one block table per sequence (its blocks, in order).
+
+    A sequence holds ``ceil(tokens / block_size)`` blocks, so at most one partly filled block:
+    the memory in use exceeds the tokens stored by less than one block per sequence. Token ``t``
+    of a sequence lives in block ``table[t // block_size]``, slot ``t % block_size``. Plain
+    Python, shared by both backends (the cache tensors are the backend's).
+    """
+
+    def __init__(self, num_blocks, block_size):
+        self.num_blocks = _v.check_positive_int("num_blocks", num_blocks)
+        self.block_size = _v.check_positive_int("block_size", block_size)
+        self.free = list(range(self.num_blocks))[::-1]  # pop() hands out block 0 first
+        self.tables, self.lengths = {}, {}
+
+    def can_hold(self, tokens):
+        """Whether a new sequence of ``tokens`` tokens fits in the free blocks."""
+        return -(-int(tokens) // self.block_size) <= len(self.free)
+
+    def append(self, seq, tokens=1):
+        """Make room for ``tokens`` more tokens of sequence ``seq`` (a new one if unseen), taking
+        blocks from the free list as needed; returns the positions the new tokens will occupy."""
+        tokens = _v.check_positive_int("tokens", tokens)
+        table, n = self.tables.setdefault(seq, []), self.lengths.get(seq, 0)
+        need = -(-(n + tokens) // self.block_size) - len(table)
+        if need > len(self.free):
+            raise ValueError(f"out of blocks: sequence {seq!r} needs {need} more, {len(self.free)} free "
+                             f"(num_blocks={self.num_blocks}, block_size={self.block_size})")
+        table.extend(self.free.pop() for _ in range(need))
+        self.lengths[seq] = n + tokens
+        return list(range(n, n + tokens))
+
+    def release(self, seq):
+        """Return sequence ``seq``'s blocks to the free list."""
+        if seq not in self.tables:
+            raise ValueError(f"unknown sequence {seq!r} (held: {sorted(self.tables, key=str)})")
+        self.free.extend(reversed(self.tables.pop(seq)))
+        del self.lengths[seq]
+
+    def blocks_in_use(self):
+        return self.num_blocks - len(self.free)
+
+    def tokens_stored(self):
+        return sum(self.lengths.values())
+
+    def block_tables(self, seqs, width=None):
+        """The block tables of ``seqs`` as a ``(len(seqs), width)`` int array padded with -1."""
+        width = max([len(self.tables[s]) for s in seqs] + [width or 0, 1])
+        out = np.full((len(seqs), width), -1, dtype=np.int64)
+        for i, s in enumerate(seqs):
+            out[i, : len(self.tables[s])] = self.tables[s]
+        return out
+
+
+def _check_paged(q_shape, cache_shape, table_shape, len_shape, cache_name="k_cache", q_name="Q"):
+    """Shapes of a paged attention or write call (shared by both backends)."""
+    if len(cache_shape) != 4:
+        raise ValueError(f"{cache_name} must have shape (num_blocks, block_size, H_kv, D_K), got {cache_shape}")
+    if len(q_shape) != 3 or q_shape[-1] != cache_shape[-1]:
+        raise ValueError(f"{q_name} must have shape (N, H, D_K) with D_K = {cache_shape[-1]} of {cache_name}, "
+                         f"got {q_shape} ({cache_name}: {cache_shape})")
+    if len(table_shape) != 2 or table_shape[0] != q_shape[0]:
+        raise ValueError(f"block_tables must have shape (N, max_blocks) with N = {q_shape[0]}, got {table_shape} "
+                         f"({q_name}: {q_shape})")
+    if tuple(len_shape) != (q_shape[0],):
+        raise ValueError(f"lengths (or positions) must have shape (N,) = ({q_shape[0]},), got {len_shape} "
+                         f"({q_name}: {q_shape})")
+
+
+def _check_table_values(tables, lengths, num_blocks, block_size):
+    nb = -(-lengths // block_size)  # blocks each row needs
+    if lengths.size and (lengths.min() < 1 or nb.max() > tables.shape[1]):
+        raise ValueError(f"lengths must lie in [1, max_blocks * block_size = {tables.shape[1] * block_size}] "
+                         f"(lengths: {lengths.shape}, block_tables: {tables.shape})")
+    used = np.arange(tables.shape[1])[None, :] < nb[:, None]
+    if np.any(used & ((tables < 0) | (tables >= num_blocks))):
+        raise ValueError(f"block_tables must name blocks in [0, num_blocks={num_blocks}) for every block a "
+                         f"sequence uses (block_tables: {tables.shape})")
+
+
+def paged_write(k_cache, K_new, block_tables, positions):
+    """Write one key (or value) row per token into a paged cache, in place; returns the cache.
+
+    Parameters
+    ----------
+    k_cache : (num_blocks, block_size, H_kv, D_K) ndarray
+    K_new : (N, H_kv, D_K) ndarray
+        The rows of N tokens, each of some sequence.
+    block_tables : (N, max_blocks) int array
+        Row ``i``: the block table of token ``i``'s sequence (padded with -1).
+    positions : (N,) int array
+        Token ``i``'s position in its sequence: it goes to block ``block_tables[i, p // block_size]``,
+        slot ``p % block_size``.
+    """
+    tables, pos = np.asarray(block_tables), np.asarray(positions)
+    _check_paged(K_new.shape, k_cache.shape, tables.shape, pos.shape, q_name="K_new")
+    if K_new.shape[1] != k_cache.shape[2]:
+        raise ValueError(f"K_new must have H_kv = {k_cache.shape[2]} heads, got {K_new.shape} (k_cache: {k_cache.shape})")
+    bs = k_cache.shape[1]
+    _check_table_values(tables, pos + 1, k_cache.shape[0], bs)
+    blocks = tables[np.arange(len(pos)), pos // bs]
+    k_cache[blocks, pos % bs] = K_new
+    return k_cache
+
+
+def paged_attention(Q, k_cache, v_cache, block_tables, lengths):
+    """Attention of one query per row over that row's sequence in a paged cache.
+
+    Row ``i`` attends to the first ``lengths[i]`` tokens of its sequence, whose keys and values
+    lie in the blocks ``block_tables[i]`` (token ``t`` in block ``t // block_size``, slot
+    ``t % block_size``). The blocks are gathered, padded slots masked: the result equals
+    :func:`tfbook.numpy.scaled_dot_product_attention` over the contiguous keys and values.
+    With ``H_kv < H`` heads in the cache, each serves ``H / H_kv`` query heads (grouped-query).
+
+    Parameters
+    ----------
+    Q : (N, H, D_K) ndarray
+    k_cache : (num_blocks, block_size, H_kv, D_K) ndarray
+    v_cache : (num_blocks, block_size, H_kv, D_V) ndarray
+    block_tables : (N, max_blocks) int array, padded with -1
+    lengths : (N,) int array, in [1, max_blocks * block_size]
+
+    Returns
+    -------
+    (N, H, D_V) ndarray
+    """
+    Q = _as_float(Q, "Q")
+    tables, lengths = np.asarray(block_tables), np.asarray(lengths)
+    _check_paged(Q.shape, k_cache.shape, tables.shape, lengths.shape)
+    if v_cache.ndim != 4 or v_cache.shape[:3] != k_cache.shape[:3]:
+        raise ValueError(f"v_cache must have shape (num_blocks, block_size, H_kv, D_V) = {k_cache.shape[:3]} + (D_V,), "
+                         f"got {v_cache.shape} (k_cache: {k_cache.shape})")
+    N, H, D_K = Q.shape
+    nblk, bs, H_kv, _ = k_cache.shape
+    if H % H_kv:
+        raise ValueError(f"Q's H = {H} heads must be a multiple of the cache's H_kv = {H_kv} "
+                         f"(Q: {Q.shape}, k_cache: {k_cache.shape})")
+    _check_table_values(tables, lengths, nblk, bs)
+    safe = np.where(tables < 0, 0, tables)  # padded entries read block 0 and are masked below
+    K = k_cache[safe].reshape(N, -1, H_kv, D_K)  # (N, max_blocks * block_size, H_kv, D_K)
+    V = v_cache[safe].reshape(N, K.shape[1], H_kv, -1)
+    K, V = (np.repeat(np.moveaxis(M, 2, 1), H // H_kv, axis=1) for M in (K, V))  # (N, H, S, D)
+    S = (Q[:, :, None, :] @ np.swapaxes(K, -1, -2))[:, :, 0] / math.sqrt(D_K)  # (N, H, S)
+    valid = np.arange(K.shape[2])[None, None, :] < lengths[:, None, None]
+    P = softmax(np.where(valid, S, -np.inf), axis=-1)
+    return (P[:, :, None, :] @ V)[:, :, 0]
+
+
+# ---------------------------------------------------------------------------
+# GPTQ (Frantar et al. 2023)
+# ---------------------------------------------------------------------------
+
+
+def _check_gptq(W_shape, H_shape, bits, group_size, damp):
+    if len(W_shape) != 2:
+        raise ValueError(f"W must have shape (D_in, D_out), got {W_shape}")
+    if tuple(H_shape) != (W_shape[0], W_shape[0]):
+        raise ValueError(f"H must have shape (D_in, D_in) = ({W_shape[0]}, {W_shape[0]}), got {H_shape} (W: {W_shape})")
+    b = _v.check_positive_int("bits", bits, minimum=2)
+    g = _v.check_positive_int("group_size", group_size)
+    if W_shape[0] % g:
+        raise ValueError(f"group_size={g} does not divide D_in={W_shape[0]} (W: {W_shape})")
+    if not (isinstance(damp, (int, float)) and damp >= 0):
+        raise ValueError(f"damp must be a number >= 0, got {damp!r} (W: {W_shape})")
+    return 2 ** (b - 1) - 1, g
+
+
+def gptq_quantize(W, H, bits=4, group_size=32, damp=0.01):
+    """GPTQ (Frantar et al. 2023): quantise ``W (D_in, D_out)`` one input row at a time, each
+    rounding error spread over the rows not yet quantised so as to minimise ``||X W - X Ŵ||²``.
+
+    ``H = XᵀX`` (``D_in × D_in``) of calibration inputs ``X (n, D_in)``; ``damp · mean(diag H)`` is
+    added to its diagonal. With ``U`` the upper Cholesky factor of ``H⁻¹`` (``H⁻¹ = UᵀU``), row
+    ``i`` is rounded (symmetric, ``bits`` bits, the scale of its group of ``group_size`` rows taken
+    from the updated weights when the group starts), and the rows after it take
+    ``-U[i, i+1:]ᵀ (w_i - ŵ_i) / U[i, i]``. With ``H`` diagonal nothing is spread and the result is
+    round-to-nearest (:func:`quantize_int4` at ``bits=4``).
+
+    Returns
+    -------
+    q : (D_in, D_out) int8 ndarray, values in ``[-(2^(bits-1) - 1), 2^(bits-1) - 1]``
+    scale : (D_in / group_size, D_out) ndarray (``dequantize(q, scale, group_size)`` gives Ŵ)
+    """
+    W, H = _as_float(W, "W"), _as_float(H, "H")
+    maxq, g = _check_gptq(W.shape, H.shape, bits, group_size, damp)
+    W = W.copy()
+    D_in, D_out = W.shape
+    H = H + damp * np.mean(np.diag(H)) * np.eye(D_in, dtype=H.dtype)
+    U = np.linalg.cholesky(np.linalg.inv(H)).T  # upper: H⁻¹ = Uᵀ U
+    q = np.zeros((D_in, D_out), dtype=np.int8)
+    scale = np.zeros((D_in // g, D_out), dtype=W.dtype)
+    for i in range(D_in):
+        if i % g == 0:
+            amax = np.max(np.abs(W[i: i + g]), axis=0)
+            scale[i // g] = np.where(amax > 0, amax / maxq, 1.0)
+        s = scale[i // g]
+        q[i] = np.clip(np.rint(W[i] / s), -maxq, maxq)
+        err = (W[i] - q[i] * s) / U[i, i]
+        W[i + 1:] -= np.outer(U[i, i + 1:], err)
+    return q, scale

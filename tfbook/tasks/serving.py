@@ -657,3 +657,186 @@ def load_finetune_results(path=None) -> dict:
 
 if __name__ == "__main__":  # pragma: no cover
     main()
+
+
+# ---------------------------------------------------------------------------
+# Paged KV cache and continuous batching (section sec-serving-paged)
+# ---------------------------------------------------------------------------
+
+PAGED = dict(requests=12, prompt=(4, 24), output=(4, 32), arrivals=24, max_batch=4, block_size=8, seed=20)
+
+
+def paged_step(ids, positions, seqs, params, cfg, alloc, caches):
+    """One model pass over ``N`` new tokens of several sequences (a prompt's tokens, or one token
+    of a sequence being decoded): ``ids (N,)`` at ``positions (N,)`` of sequences ``seqs`` (N
+    sequence keys; ``alloc`` already holds room for them). Keys and values go into the paged
+    ``caches`` (one ``(k_cache, v_cache)`` per layer) and each token attends over its own
+    sequence's blocks up to itself. Returns the logits ``(N, V)``, float64."""
+    H, H_kv, D = cfg.num_heads, cfg.num_kv_heads, cfg.d_model
+    D_K, N = D // H, len(ids)
+    positions = np.asarray(positions)
+    omega = tnp.rope_frequencies(D_K, cfg.rope_base)
+    tables = alloc.block_tables(list(seqs))
+    X = params["W_E"][np.asarray(ids)]  # (N, D)
+    for blk, (k_cache, v_cache) in zip(params["blocks"], caches):
+        Y = tnp.rms_norm(X, blk["norm_attn"]["gamma"], cfg.eps)
+        at = blk["attn"]
+        Q, K, V = ((Y @ at[w]).reshape(N, h, D_K) for w, h in (("W_Q", H), ("W_K", H_kv), ("W_V", H_kv)))
+        Q, K = (np.swapaxes(tnp.rope_rotate(np.swapaxes(M, 0, 1), omega, positions, cfg.rope), 0, 1) for M in (Q, K))
+        tnp.paged_write(k_cache, K, tables, positions)
+        tnp.paged_write(v_cache, V, tables, positions)
+        Z = tnp.paged_attention(Q, k_cache, v_cache, tables, positions + 1)  # (N, H, D_K)
+        X = X + Z.reshape(N, D) @ at["W_O"]
+        X = X + tnp.swiglu(tnp.rms_norm(X, blk["norm_mlp"]["gamma"], cfg.eps), blk["mlp"])
+    X = tnp.rms_norm(X, params["norm"]["gamma"], cfg.eps)
+    W_U = params.get("W_U")
+    return X @ (params["W_E"].T if W_U is None else W_U)
+
+
+def paged_requests(text, n=PAGED["requests"], prompt=PAGED["prompt"], output=PAGED["output"],
+                   arrivals=PAGED["arrivals"], seed=PAGED["seed"]):
+    """``n`` requests: a prompt cut from ``text`` (length uniform in ``prompt``), a number of
+    characters to generate (uniform in ``output``) and an arrival step (uniform below
+    ``arrivals``), sorted by arrival."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        P = int(rng.integers(prompt[0], prompt[1] + 1))
+        start = int(rng.integers(0, len(text) - P))
+        out.append(dict(arrival=int(rng.integers(0, arrivals)), prompt=[int(t) for t in text[start: start + P]],
+                        n_out=int(rng.integers(output[0], output[1] + 1))))
+    return sorted(out, key=lambda r: r["arrival"])
+
+
+def serve(requests, params, cfg, max_batch=PAGED["max_batch"], block_size=PAGED["block_size"], static=False,
+          max_len=None):
+    """Greedy decoding of ``requests`` (from :func:`paged_requests`) on a paged KV cache, one
+    model pass per step (Orca's iteration-level scheduling, Yu et al. 2022).
+
+    Each step admits arrived requests into free batch places (``static=True``: only when the
+    whole batch has finished, as static batching does), runs one pass over every admitted
+    request's prompt and every running sequence's last token, and appends each sequence's
+    greedy next token; a sequence that has its ``n_out`` tokens leaves and its blocks go back to
+    the free list. The cache has room for ``max_batch`` sequences of ``max_len`` tokens (default
+    the longest request), so admission is never refused for lack of blocks.
+
+    Returns a dict: ``outputs`` (per request, the generated tokens), ``logits`` (per request, the
+    logits each token was chosen from), ``passes`` (model passes), ``steps`` (steps, idle ones
+    included), and per pass ``slots`` (block slots in use), ``tokens`` (tokens stored),
+    ``active`` (sequences in the cache) and ``reserved`` (``active * max_len``: a cache that
+    reserves a full-length slot per sequence).
+    """
+    if max_len is None:
+        max_len = max(len(r["prompt"]) + r["n_out"] for r in requests)
+    nblk = max_batch * -(-max_len // block_size)
+    alloc = tnp.serving.BlockAllocator(nblk, block_size)
+    H_kv, D_K = cfg.num_kv_heads, cfg.d_model // cfg.num_heads
+    caches = [tuple(np.zeros((nblk, block_size, H_kv, D_K)) for _ in range(2)) for _ in params["blocks"]]
+    waiting, running = list(range(len(requests))), []
+    outputs = {i: [] for i in range(len(requests))}
+    logits_of = {i: [] for i in range(len(requests))}
+    rec = dict(slots=[], tokens=[], active=[], reserved=[])
+    step = passes = 0
+    while waiting or running:
+        arrived = [i for i in waiting if requests[i]["arrival"] <= step]
+        new = []
+        if not static or not running:
+            new = arrived[: max_batch - len(running)]
+        for i in new:
+            waiting.remove(i)
+        if not new and not running:
+            step += 1
+            continue
+        ids, pos, seqs, last = [], [], [], {}
+        for i in running:  # one token each: the last one generated
+            ids.append(outputs[i][-1])
+            pos.extend(alloc.append(i, 1))
+            seqs.append(i)
+            last[i] = len(ids) - 1
+        for i in new:  # the whole prompt (prefill)
+            P = requests[i]["prompt"]
+            ids.extend(P)
+            pos.extend(alloc.append(i, len(P)))
+            seqs.extend([i] * len(P))
+            last[i] = len(ids) - 1
+        logits = paged_step(ids, pos, seqs, params, cfg, alloc, caches)
+        passes += 1
+        running = running + new
+        for i in list(running):
+            outputs[i].append(int(np.argmax(logits[last[i]])))
+            logits_of[i].append(logits[last[i]])
+        rec["slots"].append(alloc.blocks_in_use() * block_size)
+        rec["tokens"].append(alloc.tokens_stored())
+        rec["active"].append(len(running))
+        rec["reserved"].append(len(running) * max_len)
+        for i in list(running):
+            if len(outputs[i]) == requests[i]["n_out"]:
+                alloc.release(i)
+                running.remove(i)
+        step += 1
+    return dict(outputs=outputs, logits=logits_of, passes=passes, steps=step, max_len=max_len, **rec)
+
+
+def decode_alone(request, params, cfg):
+    """Greedy decoding of one request with the whole model on the whole sequence at each step
+    (:func:`tfbook.numpy.llama_lm`, no cache): ``(tokens, logits)``."""
+    ids, toks, lg = list(request["prompt"]), [], []
+    for _ in range(request["n_out"]):
+        z = tnp.llama_lm(np.array([ids]), params, cfg.num_heads, cfg.num_kv_heads, rope=cfg.rope,
+                         base=cfg.rope_base, eps=cfg.eps)[0, -1]
+        toks.append(int(np.argmax(z)))
+        lg.append(z)
+        ids.append(toks[-1])
+    return toks, lg
+
+
+# ---------------------------------------------------------------------------
+# GPTQ on one matrix (section sec-serving-gptq)
+# ---------------------------------------------------------------------------
+
+
+def matrix_inputs(ids, params, cfg, layer, name):
+    """The rows ``(B * T, D_in)`` that weight ``name`` of block ``layer`` multiplies when the
+    float model reads ``ids (B, T)`` (``W_Q``/``W_K``/``W_V``: the normed block input;
+    ``W_gate``/``W_up``: the normed input of the MLP)."""
+    part = {"W_Q": "attn", "W_K": "attn", "W_V": "attn", "W_gate": "mlp", "W_up": "mlp"}.get(name)
+    if part is None:
+        raise ValueError(f"name must be one of W_Q, W_K, W_V, W_gate, W_up, got {name!r}")
+    X = _hidden(ids, dict(params, blocks=params["blocks"][:layer]), cfg)
+    blk = params["blocks"][layer]
+    if part == "mlp":  # the block's attention half, then the MLP's norm
+        X = X + _attention_half(X, blk, cfg)
+    gamma = blk["norm_mlp" if part == "mlp" else "norm_attn"]["gamma"]
+    return tnp.rms_norm(X, gamma, cfg.eps).reshape(-1, X.shape[-1])
+
+
+def _attention_half(X, blk, cfg):
+    H, H_kv = cfg.num_heads, cfg.num_kv_heads
+    at = blk["attn"]
+    D_K, T = cfg.d_model // H, X.shape[-2]
+    omega = tnp.rope_frequencies(D_K, cfg.rope_base)
+    pos = np.arange(T, dtype=np.float64)
+    Y = tnp.rms_norm(X, blk["norm_attn"]["gamma"], cfg.eps)
+    Q = tnp.rope_rotate(tnp.split_heads(Y @ at["W_Q"], H), omega, pos, cfg.rope)
+    K = np.repeat(tnp.rope_rotate(tnp.split_heads(Y @ at["W_K"], H_kv), omega, pos, cfg.rope), H // H_kv, axis=-3)
+    V = np.repeat(tnp.split_heads(Y @ at["W_V"], H_kv), H // H_kv, axis=-3)
+    S = Q @ np.swapaxes(K, -1, -2) / math.sqrt(D_K)
+    P = tnp.softmax(np.where(np.tril(np.ones((T, T), dtype=bool)), S, -np.inf), axis=-1)
+    return tnp.merge_heads(P @ V) @ at["W_O"]
+
+
+def _hidden(ids, params, cfg):
+    """The residual stream after ``params["blocks"]`` (no final norm)."""
+    X = params["W_E"][np.asarray(ids)]
+    for blk in params["blocks"]:
+        X = X + _attention_half(X, blk, cfg)
+        X = X + tnp.swiglu(tnp.rms_norm(X, blk["norm_mlp"]["gamma"], cfg.eps), blk["mlp"])
+    return X
+
+
+def with_matrix(params, layer, name, W):
+    """``params`` with weight ``name`` of block ``layer`` replaced by ``W`` (nothing else copied)."""
+    part = "attn" if name in ("W_Q", "W_K", "W_V", "W_O") else "mlp"
+    blocks = list(params["blocks"])
+    blocks[layer] = dict(blocks[layer], **{part: dict(blocks[layer][part], **{name: W})})
+    return dict(params, blocks=blocks)

@@ -12,7 +12,8 @@ import math
 import torch
 
 from ... import _validate as _v
-from ...numpy.serving import _LAYOUTS, _check_frequency_args, _check_mla, _yarn_ramp
+from ...numpy.serving import (_LAYOUTS, BlockAllocator, _check_frequency_args, _check_gptq, _check_mla,
+                              _check_paged, _check_table_values, _yarn_ramp)
 from ._common import _float, _tensor
 from .attention import scaled_dot_product_attention, softmax
 from .heads import merge_heads, split_heads
@@ -28,6 +29,9 @@ __all__ = [
     "dequantize",
     "speculative_accept",
     "speculative_distribution",
+    "paged_write",
+    "paged_attention",
+    "gptq_quantize",
 ]
 
 
@@ -246,3 +250,73 @@ def speculative_distribution(p, q):
     accepted = torch.minimum(p, q)
     alpha = accepted.sum(-1, keepdim=True)
     return accepted + (1.0 - alpha) * _residual(p, q)
+
+
+def paged_write(k_cache, K_new, block_tables, positions):
+    """Write one key (or value) row per token into a paged cache ``(num_blocks, block_size, H_kv,
+    D_K)``, in place; returns the cache. See :func:`tfbook.numpy.paged_write`."""
+    _tensor(k_cache, "k_cache")
+    _tensor(K_new, "K_new")
+    tables, pos = torch.as_tensor(block_tables), torch.as_tensor(positions)
+    _check_paged(tuple(K_new.shape), tuple(k_cache.shape), tuple(tables.shape), tuple(pos.shape), q_name="K_new")
+    if K_new.shape[1] != k_cache.shape[2]:
+        raise ValueError(f"K_new must have H_kv = {k_cache.shape[2]} heads, got {tuple(K_new.shape)} "
+                         f"(k_cache: {tuple(k_cache.shape)})")
+    bs = k_cache.shape[1]
+    _check_table_values(tables.cpu().numpy(), pos.cpu().numpy() + 1, k_cache.shape[0], bs)
+    tables, pos = tables.to(k_cache.device).long(), pos.to(k_cache.device).long()
+    blocks = tables[torch.arange(len(pos), device=pos.device), pos // bs]
+    k_cache[blocks, pos % bs] = K_new.to(k_cache.dtype)
+    return k_cache
+
+
+def paged_attention(Q, k_cache, v_cache, block_tables, lengths):
+    """Attention of one query per row over its sequence's blocks of a paged cache; ``Q (N, H,
+    D_K)`` -> ``(N, H, D_V)``. See :func:`tfbook.numpy.paged_attention`."""
+    Q = _float(Q, "Q")
+    _tensor(k_cache, "k_cache")
+    _tensor(v_cache, "v_cache")
+    tables, lengths = torch.as_tensor(block_tables), torch.as_tensor(lengths)
+    _check_paged(tuple(Q.shape), tuple(k_cache.shape), tuple(tables.shape), tuple(lengths.shape))
+    if v_cache.ndim != 4 or tuple(v_cache.shape[:3]) != tuple(k_cache.shape[:3]):
+        raise ValueError(f"v_cache must have shape (num_blocks, block_size, H_kv, D_V) = {tuple(k_cache.shape[:3])} "
+                         f"+ (D_V,), got {tuple(v_cache.shape)} (k_cache: {tuple(k_cache.shape)})")
+    N, H, D_K = Q.shape
+    nblk, bs, H_kv, _ = k_cache.shape
+    if H % H_kv:
+        raise ValueError(f"Q's H = {H} heads must be a multiple of the cache's H_kv = {H_kv} "
+                         f"(Q: {tuple(Q.shape)}, k_cache: {tuple(k_cache.shape)})")
+    _check_table_values(tables.cpu().numpy(), lengths.cpu().numpy(), nblk, bs)
+    tables, lengths = tables.to(Q.device).long(), lengths.to(Q.device).long()
+    safe = torch.where(tables < 0, torch.zeros_like(tables), tables)
+    K = k_cache[safe].reshape(N, -1, H_kv, D_K)
+    V = v_cache[safe].reshape(N, K.shape[1], H_kv, -1)
+    K, V = (M.movedim(2, 1).repeat_interleave(H // H_kv, dim=1) for M in (K, V))
+    S = (Q[:, :, None, :] @ K.transpose(-1, -2))[:, :, 0] / math.sqrt(D_K)
+    valid = torch.arange(K.shape[2], device=Q.device)[None, None, :] < lengths[:, None, None]
+    P = softmax(torch.where(valid, S, torch.full_like(S, -math.inf)), axis=-1)
+    return (P[:, :, None, :] @ V)[:, :, 0]
+
+
+def gptq_quantize(W, H, bits=4, group_size=32, damp=0.01):
+    """GPTQ: ``W (D_in, D_out)`` quantised one input row at a time, each rounding error spread
+    over the later rows through the upper Cholesky factor of ``H⁻¹``; returns ``(q int8, scale
+    (D_in / group_size, D_out))``. See :func:`tfbook.numpy.gptq_quantize`."""
+    W, H = _float(W, "W"), _float(H, "H")
+    maxq, g = _check_gptq(tuple(W.shape), tuple(H.shape), bits, group_size, damp)
+    W = W.clone()
+    D_in, D_out = W.shape
+    H = H + damp * torch.diagonal(H).mean() * torch.eye(D_in, dtype=H.dtype, device=H.device)
+    U = torch.linalg.cholesky(torch.linalg.inv(H)).T  # H⁻¹ = Uᵀ U
+    q = torch.zeros((D_in, D_out), dtype=torch.int8, device=W.device)
+    scale = torch.zeros((D_in // g, D_out), dtype=W.dtype, device=W.device)
+    for i in range(D_in):
+        if i % g == 0:
+            amax = W[i: i + g].abs().amax(dim=0)
+            scale[i // g] = torch.where(amax > 0, amax / maxq, torch.ones_like(amax))
+        s = scale[i // g]
+        qi = torch.clamp(torch.round(W[i] / s), -maxq, maxq)
+        q[i] = qi.to(torch.int8)
+        err = (W[i] - qi * s) / U[i, i]
+        W[i + 1:] -= torch.outer(U[i, i + 1:], err)
+    return q, scale
