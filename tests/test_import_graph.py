@@ -173,16 +173,12 @@ def test_old_module_paths_are_gone_or_give_the_moved_names():
     gone; the ones left give the very objects of the new home."""
     import importlib.util
 
-    import tfbook.dynamics
     import tfbook.tasks.ablation
-    import tfbook.tasks.dynamics
     import tfbook.torch.optim
 
-    for old in ("tfbook.backprop", "tfbook.optim", "tfbook.positions", "tfbook.decoding", "tfbook.efficient"):
+    for old in ("tfbook.backprop", "tfbook.optim", "tfbook.positions", "tfbook.dynamics", "tfbook.decoding",
+                "tfbook.efficient"):
         assert importlib.util.find_spec(old) is None, old
-    for name in tfbook.tasks.dynamics.__all__:
-        if name != "main":  # the old path keeps its own command line (python -m tfbook.dynamics warmup)
-            assert getattr(tfbook.dynamics, name) is getattr(tfbook.tasks.dynamics, name), name
     for name in ("load_ablation", "ablation_run", "ABLATION_RECIPE", "ABLATION_VARIANTS", "compress_ablation"):
         assert getattr(tfbook.torch.optim, name) is getattr(tfbook.tasks.ablation, name), name
     assert not hasattr(tfbook.torch.optim, "no_such_name")

@@ -55,7 +55,7 @@ PREFERRED = (
 # Modules that only re-export others: described in the text, not listed.
 AGGREGATES = ("tfbook.torch",)
 # Old paths kept for the chapters that import them (each re-exports a module listed here).
-SHIMS = ("tfbook.dynamics",)
+SHIMS: tuple = ()
 UNDOCUMENTED = "(undocumented)"
 BOTH = "NumPy and PyTorch"
 COURSE_PREFIX = "tfbook.course"  # the grading tools: one short list, module by module

@@ -12,7 +12,7 @@
   three seed-0 Post-LN runs (float16, :data:`WARMUP_SLICE`) in ``ch8_warmup_seed0.pt``; the
   chapter retrains only their first steps and measures the shipped weights on held-out
   sequences (:func:`heldout_sort_loss`). Regenerate both files with
-  ``python -m tfbook.tasks.dynamics [--out DIR]`` (``python -m tfbook.dynamics warmup`` writes the curves).
+  ``python -m tfbook.tasks.dynamics [--out DIR]``.
 * :func:`rank_collapse` (chapter 8): how far a stack of self-attention layers (alone, with
   skip connections, with skips and MLPs) leaves its input from the rank-one matrices
   ``1 x^T`` (Dong, Cordonnier and Loukas, 2021).
@@ -22,8 +22,7 @@ Every function seeds its own generators, so equal arguments give equal results.
 The task's verbs, as in the other modules of :mod:`tfbook.tasks`: ``RECIPE`` (the warm-up
 experiment's, :data:`WARMUP_RECIPE`), ``ARTIFACTS`` (the file it ships), :func:`train` (run the
 experiment), :func:`evaluate` (chapter 8's bar on a result), :func:`load_pretrained` (the
-shipped result), :func:`save` and :func:`main`. Also importable as ``tfbook.dynamics``, its
-first home.
+shipped result), :func:`save` and :func:`main`.
 """
 
 from __future__ import annotations
