@@ -139,6 +139,17 @@ def test_purge_css_drops_only_rules_no_page_can_match():
                    "@font-face{font-family:F;src:url(f.woff)}@keyframes spin{to{transform:rotate(1turn)}}")
 
 
+def test_every_chapter_names_the_terms_it_introduces_for_search():
+    """book/_ext/tfbook_search.py's INTRODUCES ranks the teaching chapter first for its terms:
+    every numbered chapter in _toc.yml has an entry (a new chapter without one ranks by density)."""
+    from tfbook_search import INTRODUCES
+
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    chapters = [Path(c["file"]).stem for part in toc["parts"] if part.get("numbered")
+                for c in part["chapters"] if c["file"].startswith("notebooks/")]
+    assert chapters and [c for c in chapters if not INTRODUCES.get(c)] == []
+
+
 def test_pdf_is_linked_only_when_it_exists(tmp_path):
     config = tmp_path / "_config.yml"
     config.write_text(yaml.safe_dump({"sphinx": {"config": {"html_context": {"default_mode": "auto"}}}}))

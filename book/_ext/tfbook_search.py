@@ -148,14 +148,14 @@ INTRODUCES = {
                                    "layer normalisation (LayerNorm)", "Pre-LN and Post-LN"],
     "09_encoder": ["the transformer block", "the encoder"],
     "10_training_from_scratch": ["cross-entropy", "backpropagation", "AdamW", "learning-rate warm-up",
-                                 "gradient clipping", "mixed precision (bf16)"],
+                                 "gradient clipping", "mixed precision (bf16)", "Muon (Newton-Schulz)"],
     "11_decoders": ["the decoder", "the causal mask", "teacher forcing", "sampling and temperature",
                     "top-k and nucleus sampling", "the KV cache"],
     "12_encoder_decoder": ["cross-attention", "encoder-decoder (seq2seq)", "beam search"],
     "13_language_model": ["the language model", "bits per character", "Kneser-Ney n-grams",
                           "compression", "dynamic evaluation"],
     "14_modern_decoder": ["the modern decoder", "RMSNorm", "SwiGLU", "grouped-query attention (GQA)",
-                          "Llama"],
+                          "Llama", "QK-norm", "the RoPE base"],
     "15_vision_transformer": ["the Vision Transformer (ViT)", "patch embedding", "the class token",
                               "attention rollout"],
     "16_cost": ["FLOPs", "the cost of attention", "memory", "MFU"],
@@ -173,6 +173,11 @@ INTRODUCES = {
                                    "Gated DeltaNet", "state-space duality (Mamba-2)", "hybrid models"],
     "24_instruction_tuning": ["instruction tuning", "chat templates", "loss masking", "packing"],
     "25_evaluation": ["evaluation", "verifiers", "pass@k", "confidence intervals", "contamination"],
+    "26_preferences": ["preferences", "reward models (Bradley-Terry)", "direct preference optimisation (DPO)",
+                       "the KL-regularised objective", "RLHF"],
+    "27_rl_verifiable_rewards": ["reinforcement learning with verifiable rewards (RLVR)", "REINFORCE",
+                                 "GRPO", "the k3 KL estimator", "rejection sampling", "self-consistency",
+                                 "best-of-N", "inference-time compute"],
 }
 INTRODUCES_WEIGHT = 10.0
 
