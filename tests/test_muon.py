@@ -204,10 +204,16 @@ def test_muon_adamw_checkpoint_resumes_exactly():
 
 
 def test_retraining_reproduces_the_record(one_thread):
-    """One shipped run retrained (800 steps, ~5 s): the same validation answer loss on this machine
-    (deterministic); 10% relative allows another CPU's float32 rounding over 800 steps."""
+    """One shipped run retrained (800 steps, ~6 s CPU). On the machine that wrote the record it is
+    bit for bit the same (validation answer loss 4.6e-4 both times). Another CPU's float32 kernels
+    are not: under the nbval second profile (ATEN_CPU_CAPABILITY=default, OpenBLAS Sandybridge) the
+    same run ends at 5.9e-4, 1.2e-4 nats (26%) away, so a relative bar on a loss this small is a bar
+    on rounding. The bar is absolute instead: 5e-4 nats, four times that drift and a tenth of the
+    gap to AdamW's best seed (4.9e-3); and the retrained run must still beat every AdamW seed, the
+    claim the record carries."""
     from tfbook.tasks import muon as mu
 
     rec = {r["variant"]: r for r in mu.load_experiment()["runs"]}
     model, history = mu.train("muon-0")
-    assert abs(history.extra["val_loss"] / rec["muon-0"]["val_loss"] - 1) < 0.1
+    assert abs(history.extra["val_loss"] - rec["muon-0"]["val_loss"]) < 5e-4
+    assert history.extra["val_loss"] < min(r["val_loss"] for r in rec.values() if r["optimiser"] == "adamw")

@@ -134,7 +134,8 @@ def newton_schulz(G, steps=5, coefficients=MUON_COEFFICIENTS, eps=1e-7, dtype=No
 
 def muon_lr_ratio(shape, adjust_lr_fn=None) -> float:
     """``lr``'s factor for an ``(A, B)`` matrix: ``None``/"original" ``sqrt(max(1, A / B))``,
-    "match_rms_adamw" ``0.2 sqrt(max(A, B))``, "none" 1 (as ``torch.optim.Muon``)."""
+    "match_rms_adamw" ``0.2 sqrt(max(A, B))`` (these three as ``torch.optim.Muon``, which
+    accepts no other); "none" 1, the book's own addition."""
     if len(shape) != 2:
         raise ValueError(f"shape must be a matrix's (A, B), got {tuple(shape)}")
     if adjust_lr_fn not in MUON_ADJUST_LR:
