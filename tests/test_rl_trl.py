@@ -11,6 +11,13 @@ old log-probabilities given (off-policy ratios, some clipped) and absent (TRL th
 must give TRL's loss, and the torch one TRL's gradient with respect to the log-probabilities.
 The group advantages are compared with TRL's own standard deviation helper (``nanstd``, with
 Bessel's correction, computed in float32 there: 1e-7) and the ``+ 1e-4`` of its ``_generate_and_score_completions``.
+
+Two of these settings are **not TRL 1.16's defaults**, and the match holds only with them:
+``loss_type="grpo"`` (the default is ``"dapo"``: tokens averaged over the whole batch; with
+chapter 27's fixed 4-token answers the two differ only by a constant factor) and
+``args.use_bias_correction_kl=False`` (the default ``True`` multiplies the k3 term by the
+probability ratio, so that its gradient is the reverse KL's; ``tfbook``'s ``grpo_loss`` keeps the
+original DeepSeekMath form, whose gradient is the forward KL's per token, as chapter 27 shows).
 """
 
 from __future__ import annotations

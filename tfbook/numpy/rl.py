@@ -126,7 +126,9 @@ def kl_k1(logp, ref_logp):
 
 def kl_k3(logp, ref_logp):
     """``exp(ref_logp - logp) - (ref_logp - logp) - 1``: unbiased for ``KL(pi || pi_ref)`` on
-    samples of ``pi`` (the mean of ``pi_ref / pi`` under ``pi`` is 1), and never negative."""
+    samples of ``pi`` (the mean of ``pi_ref / pi`` under ``pi`` is 1), and never negative. Its
+    gradient with the samples held fixed is, in expectation, that of the forward
+    ``KL(pi_ref || pi)``, not of ``KL(pi || pi_ref)`` (chapter 27, ``eq-rl-k3-grad``)."""
     _check_same(dict(logp=logp, ref_logp=ref_logp), "logp")
     d = np.asarray(ref_logp, dtype=np.float64) - np.asarray(logp, dtype=np.float64)
     return np.exp(d) - d - 1.0
@@ -136,7 +138,9 @@ def grpo_loss(logp, old_logp, advantages, mask, ref_logp=None, epsilon=0.2, beta
     """GRPO's loss: per token ``-min(rho A, clip(rho, 1 - epsilon, 1 + epsilon) A) + beta k3``
     with ``rho = exp(logp - old_logp)``, averaged over each sequence's ``mask`` tokens, then
     over sequences. ``logp, old_logp, mask, ref_logp (B, T)``, ``advantages (B,)``;
-    ``ref_logp`` is needed when ``beta != 0``."""
+    ``ref_logp`` is needed when ``beta != 0``. This is DeepSeekMath's form, which equals TRL's
+    ``GRPOTrainer`` loss with ``loss_type="grpo"`` and ``use_bias_correction_kl=False`` (neither is
+    TRL 1.16's default); the k3 term's gradient is the forward KL's (see :func:`kl_k3`)."""
     _check_tokens(logp, advantages, mask, old_logp=old_logp, ref_logp=ref_logp)
     if not epsilon > 0:
         raise ValueError(f"epsilon must be > 0, got {epsilon}")
