@@ -8,21 +8,23 @@ One module per job:
 - :mod:`~tfbook.parallel.zero`: ZeRO-1 and FSDP (sharded optimiser state, gradients, parameters);
 - :mod:`~tfbook.parallel.tensor`: tensor parallelism, a Megatron block split with DTensor;
 - :mod:`~tfbook.parallel.context`: context parallelism, online-softmax merges and ring attention;
+- :mod:`~tfbook.parallel.pipeline`: pipeline parallelism, two stages under GPipe and 1F1B, and the bubble;
 - :mod:`~tfbook.parallel.torchrun`: every engine as one ``torchrun`` script;
 - :mod:`~tfbook.parallel.cli`: the command line, ``python -m tfbook.parallel``
-  (``--schemes ddp,zero1,fsdp,tp,ring --out DIR`` under ``torchrun``).
+  (``--schemes ddp,zero1,fsdp,tp,ring,pipeline --out DIR`` under ``torchrun``).
 
-Pipeline and expert parallelism have no code here. The names the chapter uses are re-exported
+Expert parallelism is chapter 19's. The names the chapter uses are re-exported
 below.
 """
 
 from __future__ import annotations
 
-from . import config, context, ddp, launch, tensor, torchrun, zero
+from . import config, context, ddp, launch, pipeline, tensor, torchrun, zero
 from .config import DPConfig, make_batches, make_model, shard
 from .context import merge_softmax_states, ring_attention, ring_data, run_context_parallel, softmax_state
 from .ddp import accumulate_gradients, ddp_buckets, run_data_parallel, single_process_run
 from .launch import default_start_method
+from .pipeline import bubble_fraction, in_flight, split_stages, timeline
 from .tensor import MegatronBlock, tp_data, tp_plan
 from .torchrun import SCHEMES, run_engines, run_torchrun, torchrun_command
 from .zero import single_process_adamw
@@ -50,4 +52,8 @@ __all__ = [
     "tp_plan",
     "tp_data",
     "ddp_buckets",
+    "split_stages",
+    "timeline",
+    "bubble_fraction",
+    "in_flight",
 ]

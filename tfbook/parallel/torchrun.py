@@ -1,6 +1,6 @@
 """PyTorch's engines launched as users launch them: one script for every rank, every scheme.
 
-``torchrun ... -m tfbook.parallel --schemes ddp,zero1,fsdp,tp,ring --out DIR`` runs
+``torchrun ... -m tfbook.parallel --schemes ddp,zero1,fsdp,tp,ring,pipeline --out DIR`` runs
 :func:`_engines_main` on every rank (NCCL when each process has a GPU, gloo otherwise);
 :func:`run_torchrun` starts that as a subprocess, :func:`run_engines` runs the same schemes
 through this package's own launcher (forked workers run this process's code as it is now).
@@ -26,10 +26,11 @@ from .launch import _init_group, _launch, _loopback_name, default_start_method
 
 __all__ = ["SCHEMES", "run_torchrun", "run_engines", "torchrun_command"]
 
-SCHEMES = ("ddp", "zero1", "fsdp", "tp", "ring")
+SCHEMES = ("ddp", "zero1", "fsdp", "tp", "ring", "pipeline")
 
 # the module of this package that defines each scheme's function ``_<name>_scheme``
-_SCHEME_MODULES = {"ddp": "ddp", "zero1": "zero", "fsdp": "zero", "tp": "tensor", "ring": "context"}
+_SCHEME_MODULES = {"ddp": "ddp", "zero1": "zero", "fsdp": "zero", "tp": "tensor", "ring": "context",
+                   "pipeline": "pipeline"}
 
 
 def _scheme_fn(name: str):
@@ -106,7 +107,7 @@ def run_engines(schemes=SCHEMES, cfg: DPConfig = DPConfig(), world_size: int = 2
     launcher of :func:`~tfbook.parallel.ddp.run_data_parallel`. With ``start_method="fork"``
     (the default on CPU-only Linux) the workers are copies of this process, so they run its
     code as it is now: the chapter's mutations use that to rerun one scheme with a bug put
-    into its engine's module (``tfbook.parallel.ddp``, ``zero``, ``tensor`` or ``context``),
+    into its engine's module (``tfbook.parallel.ddp``, ``zero``, ``tensor``, ``context`` or ``pipeline``),
     which a ``torchrun`` subprocess, a fresh interpreter, would not see.
     """
     schemes = [schemes] if isinstance(schemes, str) else list(schemes)
@@ -127,6 +128,7 @@ def _import_engines() -> None:
         import torch._dynamo  # noqa: F401
         import torch.distributed.fsdp  # noqa: F401
         import torch.distributed.optim  # noqa: F401
+        import torch.distributed.pipelining  # noqa: F401
         import torch.distributed.tensor.debug  # noqa: F401
         import torch.distributed.tensor.parallel  # noqa: F401
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: F401
