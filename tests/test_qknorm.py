@@ -213,9 +213,17 @@ def test_the_recipe_reproduces_a_shipped_logit_curve(one_thread):
     _, history = qknorm.train("on", lr=0.1, seed=1)
     got = np.array(history.extra["max_logit"])
     assert got[0] == pytest.approx(rec["max_logit"][0], rel=1e-6)  # the initial weights: seeded
-    # float32 training: another CPU's kernels move the last bits, which 200 steps amplify a little
-    assert np.allclose(got, rec["max_logit"], rtol=0.05)
-    assert abs(history.extra["final_validation"] - rec["final_validation"]) < 0.02
+    # On the machine that wrote the record the run is bit for bit the same. Under the nbval second
+    # profile's generic kernels (ATEN_CPU_CAPABILITY=default, one thread) it is not: at rate 0.1 the
+    # float32 rounding grows over 200 steps to 24% at one probe, 4% on the peak logit and 0.029 bits
+    # on the final score (the old bars, 5% pointwise and 0.02 bits, failed there). So the bars are on
+    # what the record carries, each with room over that drift:
+    off = [r for r in curves["runs"] if (r["arm"], r["lr"]) == ("off", 0.1)]
+    assert got.max() == pytest.approx(max(rec["max_logit"]), rel=0.15)       # the peak (4% apart under B)
+    assert got.max() < 0.1 * min(max(r["max_logit"]) for r in off)           # far below every plain seed's
+    final = history.extra["final_validation"]
+    assert abs(final - rec["final_validation"]) < 0.1                         # seeds at this rate span 0.12
+    assert final < min(r["final_validation"] for r in off)                    # below every plain seed
 
 
 def test_modern_bracket_record_puts_the_best_rate_inside_the_grid():
