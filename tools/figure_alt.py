@@ -18,10 +18,17 @@ LIMIT = 600
 PANEL_NAMES = {2: ("Left", "Right"), 3: ("Left", "Middle", "Right")}
 
 
+GREEK = {"alpha": "α", "beta": "β", "gamma": "γ", "delta": "δ", "epsilon": "ε", "eta": "η", "theta": "θ",
+         "lambda": "λ", "mu": "μ", "pi": "π", "rho": "ρ", "sigma": "σ", "tau": "τ", "phi": "φ", "omega": "ω",
+         "Delta": "Δ", "Sigma": "Σ", "cdot": "·", "times": "×", "sqrt": "√", "le": "≤", "ge": "≥", "approx": "≈"}
+
+
 def _clean(text: str) -> str:
     """Matplotlib mathtext as plain words: dollars and backslash commands dropped, one line."""
     text = re.sub(r"\\(mathrm|mathbf|mathit|text|operatorname)\{([^}]*)\}", r"\2", text or "")
-    text = re.sub(r"\\([A-Za-z]+)", r"\1", text).replace("$", "").replace("{", "").replace("}", "")
+    text = re.sub(r"\\[,;:! ]", " ", text)
+    text = re.sub(r"\\([A-Za-z]+)", lambda m: GREEK.get(m.group(1), m.group(1)), text)
+    text = text.replace("$", "").replace("{", "").replace("}", "")
     return " ".join(text.split())
 
 
