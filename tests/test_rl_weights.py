@@ -1,5 +1,6 @@
 """Chapter 27's shipped artifacts (tfbook.tasks.rlvr): the pretrained model half-solves the task,
-every final model reproduces the end of its logged curve and gains over it, a short run is
+every final model reproduces the end of its logged curve and gains over it, the supervised reference
+and the edge probes are recorded, a short run is
 deterministic, and the answer-distribution walk agrees with the model's own probabilities."""
 
 from __future__ import annotations
@@ -63,3 +64,19 @@ def test_answer_distribution_matches_teacher_forced_probabilities(shipped):
         with torch.no_grad():
             lp = rlvr.completion_logp(m64, ids).sum(1).exp().numpy()
         assert np.allclose(lp, np.array(list(d.values())), atol=1e-12, rtol=0)
+
+
+def test_supervised_reference_and_probes_are_recorded(shipped):
+    models, res = shipped
+    assert len(models["sft"]) == 1 and res["sft"]["steps"] == rlvr.SFT_STEPS
+    em = addition.exact_match(models["sft"][0], rlvr.data().validation).double().mean().item()
+    assert abs(em - res["sft"]["validation"]) <= 0.002   # float16 differences: two items
+    assert [(p["method"], {k: v for k, v in p.items() if k not in ("method", "score")}) for p in res["probes"]] == \
+        [(m, kw) for m, kw in rlvr.PROBES]
+
+
+def test_supervised_reference_continues_the_pretraining_run():
+    # constant rate and one seed: 300 steps of the 500-step run are pretrain()'s, step for step
+    _, short = addition.train(steps=5, seed=0, reverse=False)
+    _, long = addition.train(steps=8, seed=0, reverse=False)
+    assert long.loss[:5] == short.loss

@@ -57,7 +57,7 @@ from ..torch.training import train as train_loop
 from . import addition
 from ._common import Splits, cli, load_blob, load_json, load_state, pick, shipped, write_json
 
-__all__ = ["BASE_STEPS", "RECIPE", "SEARCH", "SEEDS", "PROBES", "METHODS", "EVAL_EVERY", "ARTIFACTS", "PROMPT_LEN", "ANSWER_LEN",
+__all__ = ["BASE_STEPS", "RECIPE", "SEARCH", "SEEDS", "PROBES", "SFT_STEPS", "continue_supervised", "METHODS", "EVAL_EVERY", "ARTIFACTS", "PROMPT_LEN", "ANSWER_LEN",
            "data", "config", "pretrain", "sample", "completion_logp", "rewards", "answer_distribution", "train", "evaluate", "run",
            "load_pretrained", "load_models", "load_results", "save", "main"]
 
@@ -69,6 +69,7 @@ RECIPE = dict(steps=200, prompts=16, group=8, lr=3e-4, beta=0.0, epsilon=0.2, te
 #: what is searched on validation with seed 0
 SEARCH = dict(lr=(1e-4, 3e-4, 1e-3), group=(4, 8, 16), beta=(0.04, 0.4), rs_lr=(1e-4, 3e-4, 1e-3))
 SEEDS = (0, 1, 2)
+SFT_STEPS = 200
 PROBES = (("grpo", dict(lr=3e-5, group=4)), ("rs", dict(lr=3e-5)), ("rs", dict(lr=1e-4, group=4)),
           ("grpo", dict(lr=1e-4, group=2)), ("grpo_kl", dict(lr=1e-4, group=4, beta=0.01)))
 METHODS = ("grpo", "grpo_kl", "rs")
@@ -89,6 +90,15 @@ def config() -> DecoderLMConfig:
 def pretrain() -> DecoderLM:
     """Chapter 13's recipe on the forwards order, stopped after :data:`BASE_STEPS` steps (seed 0)."""
     model, _ = addition.train(steps=BASE_STEPS, seed=0, reverse=False)
+    return model
+
+
+def continue_supervised(steps: int = SFT_STEPS) -> DecoderLM:
+    """The reference that separates "reinforcement learning helps" from "more training helps":
+    chapter 13's supervised recipe continued from the pretrained model for ``steps`` more steps
+    (constant rate, seed 0: its first :data:`BASE_STEPS` steps are exactly :func:`pretrain`'s), 128
+    labelled training problems per step, as many as the reinforcement learners' samples."""
+    model, _ = addition.train(steps=BASE_STEPS + int(steps), seed=0, reverse=False)
     return model
 
 
@@ -262,6 +272,8 @@ def run(log=print, processes: int = 9) -> dict:
         res["runs"].setdefault(m, []).append(curves)
         res["models"].setdefault(m, []).append(load_state(DecoderLM(config()), sd))
         log(f"{m} seed {s}: validation {curves['eval'][0]:.3f} -> {curves['eval'][-1]:.3f}")
+    res["models"]["sft"] = [continue_supervised()]
+    res["sft"] = dict(steps=SFT_STEPS, validation=evaluate(res["models"]["sft"][0], "validation"))
     res["base"] = base
     return res
 
@@ -283,7 +295,7 @@ def save(result: dict, folder) -> list:
 
 
 def load_models(folder=None) -> dict:
-    """``{"base": model, "grpo": [per seed], "grpo_kl": [...], "rs": [...]}``, float32, eval mode."""
+    """``{"base": model, "grpo": [per seed], "grpo_kl": [...], "rs": [...], "sft": [one]}``, float32, eval mode."""
     blob = load_blob(shipped(ARTIFACTS[0], folder))
     cfg = DecoderLMConfig(**blob["config"])
     out = {"base": load_state(DecoderLM(cfg), blob["base"])}
