@@ -296,3 +296,39 @@ def test_collectives_of_one_step_are_counted(engines):
         assert r["zero1"]["step_comm"] == {"c10d.allreduce_": 1, "c10d.broadcast_": n_tensors}
         assert r["fsdp"]["step_comm"] == {"c10d._allgather_base_": 2 * CFG.num_layers + 1,
                                           "c10d._reduce_scatter_base_": CFG.num_layers + 1}
+
+
+_CP_SCRIPT = '''
+import torch, torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.experimental import context_parallel
+dist.init_process_group("gloo")
+mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+q, k, v = (torch.randn(1, 2, 24, 8, dtype=torch.float64) for _ in range(3))
+try:
+    with context_parallel(mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2]):
+        F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    print("CP-RAN")
+except NotImplementedError as e:
+    print("CP-NOT-IMPLEMENTED", str(e).split(" does not")[0])
+dist.destroy_process_group()
+'''
+
+
+def test_context_parallel_does_not_run_on_the_cpu(tmp_path):
+    """Chapter 18 (c066) says PyTorch's context_parallel raises NotImplementedError on two gloo CPU
+    ranks (the CPU attention kernel has no sharding strategy): when a release supports it, this
+    fails, and the page should check the ring against it."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "cp.py"
+    script.write_text(_CP_SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCHELASTIC_ERROR_FILE": ""}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(script)], capture_output=True, text=True, timeout=180, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("CP-")]
+    assert lines == ["CP-NOT-IMPLEMENTED Operator aten._scaled_dot_product_flash_attention_for_cpu.default"] * 2, lines
