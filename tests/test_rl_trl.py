@@ -17,7 +17,9 @@ Two of these settings are **not TRL 1.16's defaults**, and the match holds only 
 chapter 27's fixed 4-token answers the two differ only by a constant factor) and
 ``args.use_bias_correction_kl=False`` (the default ``True`` multiplies the k3 term by the
 probability ratio, so that its gradient is the reverse KL's; ``tfbook``'s ``grpo_loss`` keeps the
-original DeepSeekMath form, whose gradient is the forward KL's per token, as chapter 27 shows).
+original DeepSeekMath form by default, whose gradient is the forward KL's per token, as chapter 27
+shows). ``grpo_loss(..., kl_correction=True)`` is compared with TRL's ``use_bias_correction_kl=True``
+too (``correction``).
 """
 
 from __future__ import annotations
@@ -52,14 +54,14 @@ class _Accelerator:
     gather_for_metrics = gather
 
 
-def _trainer(logp, epsilon, beta):
+def _trainer(logp, epsilon, beta, correction=False):
     """The attributes ``GRPOTrainer._compute_loss`` reads for ``loss_type='grpo'`` and no extras."""
     owner = types.SimpleNamespace(
         loss_type="grpo", beta=beta, epsilon_low=epsilon, epsilon_high=epsilon, top_entropy_quantile=1.0,
         off_policy_mask_threshold=None, importance_sampling_level="token", use_vllm=False,
         vllm_importance_sampling_correction=False, aux_loss_enabled=False, _entropy_bonus_enabled=False,
         current_gradient_accumulation_steps=1, model=types.SimpleNamespace(training=True),
-        args=types.SimpleNamespace(use_bias_correction_kl=False, delta=None),
+        args=types.SimpleNamespace(use_bias_correction_kl=correction, delta=None),
         accelerator=_Accelerator(), _metrics={"train": defaultdict(list), "eval": defaultdict(list)})
     owner._get_per_token_logps_and_entropies = lambda *a, **k: (logp, torch.zeros_like(logp), None)
     return owner
@@ -80,7 +82,8 @@ def _case(seed, B=8, L=6):
 @pytest.mark.parametrize("epsilon", [0.2, 0.1])
 @pytest.mark.parametrize("beta", [0.0, 0.04])
 @pytest.mark.parametrize("on_policy", [False, True])
-def test_grpo_loss_and_gradient_equal_trls(seed, epsilon, beta, on_policy):
+@pytest.mark.parametrize("correction", [False, True])
+def test_grpo_loss_and_gradient_equal_trls(seed, epsilon, beta, on_policy, correction):
     logp, old, ref, rewards, mask = _case(seed)
     G = rewards.shape[1]
     std = nanstd(rewards.view(-1, G), dim=1).repeat_interleave(G)
@@ -98,14 +101,14 @@ def test_grpo_loss_and_gradient_equal_trls(seed, epsilon, beta, on_policy):
         inputs["old_per_token_logps"] = old
     if beta:
         inputs["ref_per_token_logps"] = ref
-    loss_trl = GRPOTrainer._compute_loss(_trainer(x_trl, epsilon, beta), None, inputs)
+    loss_trl = GRPOTrainer._compute_loss(_trainer(x_trl, epsilon, beta, correction), None, inputs)
     loss_trl.backward()
 
     x = logp.clone().requires_grad_()
-    loss = TF.grpo_loss(x, old_used, adv, mask, ref_logp=ref, epsilon=epsilon, beta=beta)
+    loss = TF.grpo_loss(x, old_used, adv, mask, ref_logp=ref, epsilon=epsilon, beta=beta, kl_correction=correction)
     loss.backward()
     assert abs(loss.item() - loss_trl.item()) < 1e-14
     assert torch.allclose(x.grad, x_trl.grad, atol=1e-15, rtol=0)
     n = N.grpo_loss(logp.numpy(), old_used.numpy(), adv.numpy(), mask.numpy(), ref_logp=ref.numpy(),
-                    epsilon=epsilon, beta=beta)
+                    epsilon=epsilon, beta=beta, kl_correction=correction)
     assert abs(n - loss_trl.item()) < 1e-14

@@ -134,13 +134,15 @@ def kl_k3(logp, ref_logp):
     return np.exp(d) - d - 1.0
 
 
-def grpo_loss(logp, old_logp, advantages, mask, ref_logp=None, epsilon=0.2, beta=0.0):
+def grpo_loss(logp, old_logp, advantages, mask, ref_logp=None, epsilon=0.2, beta=0.0, kl_correction=False):
     """GRPO's loss: per token ``-min(rho A, clip(rho, 1 - epsilon, 1 + epsilon) A) + beta k3``
     with ``rho = exp(logp - old_logp)``, averaged over each sequence's ``mask`` tokens, then
     over sequences. ``logp, old_logp, mask, ref_logp (B, T)``, ``advantages (B,)``;
     ``ref_logp`` is needed when ``beta != 0``. This is DeepSeekMath's form, which equals TRL's
     ``GRPOTrainer`` loss with ``loss_type="grpo"`` and ``use_bias_correction_kl=False`` (neither is
-    TRL 1.16's default); the k3 term's gradient is the forward KL's (see :func:`kl_k3`)."""
+    TRL 1.16's default); the k3 term's gradient is the forward KL's (see :func:`kl_k3`).
+    ``kl_correction=True`` multiplies the k3 term by ``rho`` (TRL's default
+    ``use_bias_correction_kl=True``), which makes its gradient the reverse KL's."""
     _check_tokens(logp, advantages, mask, old_logp=old_logp, ref_logp=ref_logp)
     if not epsilon > 0:
         raise ValueError(f"epsilon must be > 0, got {epsilon}")
@@ -152,7 +154,7 @@ def grpo_loss(logp, old_logp, advantages, mask, ref_logp=None, epsilon=0.2, beta
     rho = np.exp(lp - old)
     per_token = -np.minimum(rho * a, np.clip(rho, 1 - epsilon, 1 + epsilon) * a)
     if beta != 0:
-        per_token = per_token + beta * kl_k3(lp, ref_logp)
+        per_token = per_token + beta * kl_k3(lp, ref_logp) * (rho if kl_correction else 1.0)
     return float(np.mean((per_token * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1.0)))
 
 

@@ -123,7 +123,7 @@ def kl_k3(logp, ref_logp):
     return torch.exp(d) - d - 1.0
 
 
-def grpo_loss(logp, old_logp, advantages, mask, ref_logp=None, epsilon=0.2, beta=0.0):
+def grpo_loss(logp, old_logp, advantages, mask, ref_logp=None, epsilon=0.2, beta=0.0, kl_correction=False):
     """See :func:`tfbook.numpy.rl.grpo_loss`; differentiable in ``logp``."""
     _check_tokens(logp, advantages, mask, old_logp=old_logp, ref_logp=ref_logp)
     if not epsilon > 0:
@@ -136,7 +136,7 @@ def grpo_loss(logp, old_logp, advantages, mask, ref_logp=None, epsilon=0.2, beta
     rho = torch.exp(lp - _t(old_logp).to(lp.dtype))
     per_token = -torch.minimum(rho * a, torch.clamp(rho, 1 - epsilon, 1 + epsilon) * a)
     if beta != 0:
-        per_token = per_token + beta * kl_k3(lp, _t(ref_logp).to(lp.dtype))
+        per_token = per_token + beta * kl_k3(lp, _t(ref_logp).to(lp.dtype)) * (rho if kl_correction else 1.0)
     return ((per_token * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0)).mean()
 
 
