@@ -255,7 +255,7 @@ def test_ring_attention_equals_full_attention_without_holding_the_sequence(engin
 
 def test_run_torchrun_rejects_bad_arguments():
     with pytest.raises(ValueError, match="schemes"):
-        parallel.run_torchrun(["expert"])
+        parallel.run_torchrun(["zero3"])
     with pytest.raises(ValueError, match="nproc"):
         parallel.run_torchrun(["ddp"], nproc=0)
     cmd = parallel.torchrun_command(["ddp", "tp"], "/tmp/x", CFG, nproc=2)
@@ -275,7 +275,7 @@ def test_run_engines_gives_torchrun_results_and_runs_this_process_code(engines, 
                             (torch.zeros_like(q), -1))
         assert all(r["ring"]["rows_held"] == -1 for r in parallel.run_engines(["ring"], CFG, 2, timeout=120))
     with pytest.raises(ValueError, match="schemes"):
-        parallel.run_engines(["expert"])
+        parallel.run_engines(["zero3"])
 
 
 def test_ddp_buckets_follow_the_documented_rule_on_the_order_they_were_filled(engines):

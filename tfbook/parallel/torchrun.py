@@ -24,13 +24,15 @@ import torch
 from .config import DPConfig
 from .launch import _init_group, _launch, _loopback_name, default_start_method
 
-__all__ = ["SCHEMES", "run_torchrun", "run_engines", "torchrun_command"]
+__all__ = ["SCHEMES", "KNOWN_SCHEMES", "run_torchrun", "run_engines", "torchrun_command"]
 
-SCHEMES = ("ddp", "zero1", "fsdp", "tp", "ring", "pipeline")
+SCHEMES = ("ddp", "zero1", "fsdp", "tp", "ring", "pipeline")  # chapter 18's, run by default
+# every scheme that runs by name: chapter 18's and expert parallelism (chapter 19's, :mod:`~tfbook.parallel.expert`)
+KNOWN_SCHEMES = SCHEMES + ("expert",)
 
 # the module of this package that defines each scheme's function ``_<name>_scheme``
 _SCHEME_MODULES = {"ddp": "ddp", "zero1": "zero", "fsdp": "zero", "tp": "tensor", "ring": "context",
-                   "pipeline": "pipeline"}
+                   "pipeline": "pipeline", "expert": "expert"}
 
 
 def _scheme_fn(name: str):
@@ -46,15 +48,15 @@ def _engines_main(argv) -> int:
     import torch.distributed as dist
 
     ap = argparse.ArgumentParser(prog="python -m tfbook.parallel")
-    ap.add_argument("--schemes", required=True, help="comma-separated, from " + ",".join(SCHEMES))
+    ap.add_argument("--schemes", required=True, help="comma-separated, from " + ",".join(KNOWN_SCHEMES))
     ap.add_argument("--out", required=True, help="folder for rank<r>.pt")
     ap.add_argument("--cfg", default="{}", help="DPConfig fields as JSON")
     ap.add_argument("--timeout", type=float, default=120.0)
     args = ap.parse_args(argv)
     schemes = args.schemes.split(",")
-    unknown = [s for s in schemes if s not in SCHEMES]
+    unknown = [s for s in schemes if s not in KNOWN_SCHEMES]
     if unknown:
-        raise ValueError(f"schemes {unknown} are not among {SCHEMES}")
+        raise ValueError(f"schemes {unknown} are not among {KNOWN_SCHEMES}")
     cfg = DPConfig(**json.loads(args.cfg))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
@@ -107,13 +109,13 @@ def run_engines(schemes=SCHEMES, cfg: DPConfig = DPConfig(), world_size: int = 2
     launcher of :func:`~tfbook.parallel.ddp.run_data_parallel`. With ``start_method="fork"``
     (the default on CPU-only Linux) the workers are copies of this process, so they run its
     code as it is now: the chapter's mutations use that to rerun one scheme with a bug put
-    into its engine's module (``tfbook.parallel.ddp``, ``zero``, ``tensor``, ``context`` or ``pipeline``),
+    into its engine's module (``tfbook.parallel.ddp``, ``zero``, ``tensor``, ``context``, ``pipeline`` or ``expert``),
     which a ``torchrun`` subprocess, a fresh interpreter, would not see.
     """
     schemes = [schemes] if isinstance(schemes, str) else list(schemes)
-    unknown = [s for s in schemes if s not in SCHEMES]
+    unknown = [s for s in schemes if s not in KNOWN_SCHEMES]
     if unknown or not schemes:
-        raise ValueError(f"schemes must be a non-empty list from {SCHEMES}, got {schemes!r}")
+        raise ValueError(f"schemes must be a non-empty list from {KNOWN_SCHEMES}, got {schemes!r}")
     if (start_method or default_start_method()) == "fork":
         _import_engines()  # once, here: the forked workers inherit the modules instead of each importing them
     return _launch(_engines_worker, cfg, world_size, timeout, start_method, extra_args=(tuple(schemes),))
@@ -157,9 +159,9 @@ def run_torchrun(schemes=SCHEMES, cfg: DPConfig = DPConfig(), nproc: int = 2, ti
     import subprocess
 
     schemes = [schemes] if isinstance(schemes, str) else list(schemes)
-    unknown = [s for s in schemes if s not in SCHEMES]
+    unknown = [s for s in schemes if s not in KNOWN_SCHEMES]
     if unknown or not schemes:
-        raise ValueError(f"schemes must be a non-empty list from {SCHEMES}, got {schemes!r}")
+        raise ValueError(f"schemes must be a non-empty list from {KNOWN_SCHEMES}, got {schemes!r}")
     if not (isinstance(nproc, int) and nproc >= 1):
         raise ValueError(f"nproc must be a positive int, got {nproc!r}")
     if not isinstance(cfg, DPConfig):
