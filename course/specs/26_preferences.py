@@ -4,6 +4,7 @@ HIDDEN = {
     "ex26-1-dpo-tests": {
         "A": "twenty random sets of seven pairs and random betas, against the chapter's dpo_loss",
         "B": "two pairs with margins of +2000 and -2000: the mean of 0 and 2000",
+        "F": "float32 inputs: the result is a Python float, equal to the float64 loss to 1e-6",
     },
     "ex26-2-optimum-tests": {"C": "the predicted value of the objective at the optimum (beta log Z)"},
     "ex26-3-verifier-tests": {
