@@ -127,7 +127,7 @@ def expert_parallel_moe(X: torch.Tensor, moe: MoE, rank: int, world: int):
     weights, experts, _ = FE.top_k_router(X, moe.W_router, k)  # (n, k) each
     order, counts = dispatch_plan(experts, E, world)
     # 1. the counts: how many rows this rank sends to each expert, as a (world, E_local) table
-    recv_counts = torch.empty(world * E_local, dtype=torch.int64)
+    recv_counts = torch.empty(world * E_local, dtype=torch.int64, device=X.device)
     dist.all_to_all_single(recv_counts, counts.to(torch.int64).contiguous())  # equal splits: E_local each
     recv_counts = recv_counts.reshape(world, E_local)  # row j: what rank j sends to each of my experts
     send = [int(c) for c in counts.reshape(world, E_local).sum(dim=1)]
@@ -136,7 +136,7 @@ def expert_parallel_moe(X: torch.Tensor, moe: MoE, rank: int, world: int):
     tokens = order // k  # the token of each sorted assignment
     rows = _AllToAll.apply(X[tokens], send, recv)  # (sum recv, D)
     # 3. the local experts on their rows: received rows are by source rank, then by expert
-    local = torch.arange(E_local).repeat(world)  # the local expert of each (source, expert) block
+    local = torch.arange(E_local, device=X.device).repeat(world)  # the local expert of each (source, expert) block
     which = torch.repeat_interleave(local, recv_counts.reshape(-1))  # (sum recv,)
     out = torch.zeros_like(rows)
     for j in range(E_local):
@@ -148,7 +148,7 @@ def expert_parallel_moe(X: torch.Tensor, moe: MoE, rank: int, world: int):
     gate = weights.reshape(-1)[order]  # (n k,)
     Y = torch.zeros_like(X).index_add(0, tokens, gate[:, None] * back)
     row_bytes = X.shape[1] * X.element_size()
-    info = {"sent": counts.clone(), "received": recv_counts.clone(),
+    info = {"sent": counts.cpu(), "received": recv_counts.cpu(),
             "count_bytes": (world - 1) * E_local * 8,
             "dispatch_bytes": (sum(send) - send[rank]) * row_bytes,
             "combine_bytes": (sum(recv) - recv[rank]) * row_bytes}
@@ -168,23 +168,23 @@ def single_process_moe(cfg: DPConfig) -> dict:
 
 
 def _expert_scheme(cfg: DPConfig, rank: int, world: int, device) -> dict:
-    """Expert parallelism on ``world`` ranks (CPU tensors: gloo's all-to-all): this rank's rows of
+    """Expert parallelism on ``world`` ranks (gloo on the CPU, NCCL on GPUs): this rank's rows of
     ``Y`` and ``dX``, the gradients it holds (the router's summed over ranks, its own experts'),
     what it sent and received, and the bytes."""
     import torch.distributed as dist
 
-    moe = make_moe(cfg)
+    moe = make_moe(cfg).to(device)
     X, G = moe_data(cfg)
-    X = shard(X, rank, world).clone().requires_grad_(True)
-    G = shard(G, rank, world)
+    X = shard(X, rank, world).to(device, copy=True).requires_grad_(True)
+    G = shard(G, rank, world).to(device)
     Y, info = expert_parallel_moe(X, moe, rank, world)
     (Y * G).sum().backward()
     dist.all_reduce(moe.W_router.grad)  # the replicated router: sum its gradient over the ranks
     E_local = moe.num_experts // world
     held = {"W_router"} | {f"experts.{e}." for e in range(rank * E_local, (rank + 1) * E_local)}
-    grads = {n: p.grad.detach().clone() for n, p in moe.named_parameters()
+    grads = {n: p.grad.detach().cpu() for n, p in moe.named_parameters()
              if n in held or any(n.startswith(h) for h in held if h.endswith("."))}
-    return {"Y": Y.detach(), "dX": X.grad.detach(), "grads": grads,
+    return {"Y": Y.detach().cpu(), "dX": X.grad.detach().cpu(), "grads": grads,
             "experts_held": list(range(rank * E_local, (rank + 1) * E_local)),
             "none_elsewhere": all(p.grad is None for n, p in moe.named_parameters() if n not in grads),
             **info}
