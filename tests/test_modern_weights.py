@@ -74,3 +74,38 @@ def test_bad_kind():
         modern.config("gpt")
     with pytest.raises(ValueError, match=r"kind must be one of"):
         modern.load_pretrained("gpt")
+
+
+@pytest.mark.parametrize("kind", modern.KINDS)
+def test_tokens_per_second_trains_the_old_measurement_steps_through_the_one_loop(kind, one_thread, monkeypatch):
+    """The throughput runs through tfbook.torch.training.train (issue 39) and takes exactly the steps
+    its own loop took before: torch.optim.AdamW's defaults at lr 1e-3 (weight decay 0.01), no clipping,
+    seed 0 for the model and the batches. Same float operations in the same order: ``==``."""
+    import tfbook.torch.training as training
+    from tfbook.torch.models import lm_batch, lm_loss
+
+    seen, real_train, real_model = {}, training.train, modern._model
+    monkeypatch.setattr(modern, "_model", lambda cfg: seen.setdefault("model", real_model(cfg)))
+    monkeypatch.setattr(training, "train", lambda *a, **k: seen.setdefault("history", real_train(*a, **k)))
+    assert modern.tokens_per_second(kind, steps=3, batch_size=2) > 0
+    cfg = modern.config(kind)
+    torch.manual_seed(0)
+    model = real_model(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+    losses = []
+    for _ in range(3 + 3):  # 3 warm-up steps, then the 3 measured
+        x, y = lm_batch(modern.data().train, cfg.block_size, 2, generator=g)
+        loss = lm_loss(model, x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert seen["history"].loss == losses
+    new, old = seen["model"].state_dict(), model.state_dict()
+    assert all(torch.equal(new[k], old[k]) for k in old)
+
+
+def test_tokens_per_second_bad_steps():
+    with pytest.raises(ValueError, match=r"steps must be an integer >= 1"):
+        modern.tokens_per_second("gqa", steps=0)

@@ -243,3 +243,56 @@ def test_time_budget_fixes_the_steps_from_the_measured_speed(one_thread, monkeyp
     assert train(tiny(), lm_loss, batch_fn, 6, disable=True, time_budget=1e9).extra["steps"] == 6
     with pytest.raises(ValueError, match="time_budget"):
         train(tiny(), lm_loss, batch_fn, 3, time_budget=0)
+
+
+# Where an optimizer may step (issue 39): the one loop (and lr_schedule's OneCycleLR trace), the
+# optimiser classes (MuonAdamW steps its inner AdamW), the parallel engines that step per process,
+# and chapter 13's dynamic evaluation (one Adam step per segment while it scores).
+STEP_ALLOWED = {"tfbook/torch/training.py": None, "tfbook/torch/optim.py": {"step"},
+                "tfbook/parallel/": None, "tfbook/tasks/prose.py": {"dynamic_bits"}}
+
+
+def optimizer_steps(root):
+    """``(path, enclosing function)`` of every ``X.step()`` call without arguments under ``root``."""
+    import ast
+    from pathlib import Path
+
+    found = []
+    for path in sorted(Path(root).rglob("*.py")):
+        rel = path.relative_to(Path(root).parent).as_posix()
+
+        def visit(node, func):
+            for child in ast.iter_child_nodes(node):
+                name = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else func
+                if (isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute)
+                        and child.func.attr == "step" and not child.args and not child.keywords):
+                    found.append((rel, func))
+                visit(child, name)
+
+        visit(ast.parse(path.read_text()), None)
+    return found
+
+
+def allowed_step(rel, func):
+    for prefix, funcs in STEP_ALLOWED.items():
+        if rel == prefix or (prefix.endswith("/") and rel.startswith(prefix)):
+            return funcs is None or func in funcs
+    return False
+
+
+def test_optimizer_steps_only_in_the_loop_the_engines_and_dynamic_evaluation(tmp_path):
+    from pathlib import Path
+
+    import tfbook
+
+    root = Path(tfbook.__file__).parent
+    found = optimizer_steps(root)
+    assert {rel for rel, _ in found} >= {"tfbook/torch/training.py", "tfbook/tasks/prose.py"}  # the scan sees them
+    assert [(rel, func) for rel, func in found if not allowed_step(rel, func)] == []
+    # the check can fail: a task with its own loop (what tfbook/tasks/modern.py had before issue 39)
+    (tmp_path / "tfbook" / "tasks").mkdir(parents=True)
+    (tmp_path / "tfbook" / "tasks" / "loop.py").write_text(
+        "def tokens_per_second(model, opt):\n    for _ in range(3):\n        opt.step()\n")
+    assert optimizer_steps(tmp_path / "tfbook") == [("tfbook/tasks/loop.py", "tokens_per_second")]
+    assert not allowed_step("tfbook/tasks/loop.py", "tokens_per_second")
+    assert not allowed_step("tfbook/tasks/prose.py", "train_long")  # prose's training goes through the loop

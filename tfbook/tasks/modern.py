@@ -163,27 +163,33 @@ def tokens_per_second(kind: str, steps: int = 30, batch_size: int | None = None,
     """Training throughput of a fresh ``kind`` model: tokens (``batch_size * block_size``
     per step) per second of this process's CPU time (on one thread, CPU time is wall time
     without the time other processes took), over ``steps`` steps after 3 warm-up steps.
-    A measurement of this machine."""
-    from ..measure import threads as pin
+    A measurement of this machine.
 
+    The steps are the one loop's (:func:`tfbook.torch.training.train`): AdamW at a constant
+    ``1e-3`` with weight decay ``0.01`` (``torch.optim.AdamW``'s defaults), no clipping,
+    seed 0; a callback reads the clock after step 3 and after the last step."""
+    from ..torch.training import train as train_loop
+
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
     cfg = config(kind)
     B = RECIPE["batch_size"] if batch_size is None else batch_size
     torch.manual_seed(0)
     model = _model(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    g = torch.Generator().manual_seed(0)
     train_ids = data().train
-    with pin(threads), torch.enable_grad():
-        for i in range(steps + 3):
-            if i == 3:
-                t0 = time.process_time()
-            x, y = lm_batch(train_ids, cfg.block_size, B, generator=g)
-            loss = lm_loss(model, x, y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        dt = time.process_time() - t0
-    return steps * B * cfg.block_size / dt
+    clock = {}
+
+    def batch_fn(generator):
+        return lm_batch(train_ids, cfg.block_size, B, generator=generator)
+
+    def read_clock(step, model, history):
+        if step in (3, steps + 3):
+            clock[step] = time.process_time()
+
+    with torch.enable_grad():
+        train_loop(model, lm_loss, batch_fn, steps + 3, lr=1e-3, weight_decay=0.01, grad_clip=None,
+                   seed=0, threads=threads, callbacks=[read_clock], disable=True, desc=f"tokens/s {kind}")
+    return steps * B * cfg.block_size / (clock[steps + 3] - clock[3])
 
 
 def load_pretrained(kind: str = "llama", path=None):
