@@ -36,4 +36,9 @@ CASES = [
     ("speculative_accept", (_P, _Q, np.array([0, 1]), np.array([0.5])), {}, r"u must have shape.*\(2,\), got \(1,\)"),
     ("speculative_distribution", (_P, np.full((2, 4), 0.25)), {}, r"same shape.*\(2, 3\).*\(2, 4\)"),
     ("speculative_distribution", (_P * 2, _Q), {}, r"p must be probability vectors.*\(2, 3\)"),
+    ("paged_write", (r(5, 4, 2, 3), r(2, 3, 3), np.zeros((2, 2), int), np.zeros(2, int)), {},
+     r"K_new must have H_kv = 2 heads"),
+    ("paged_attention", (r(2, 3, 3), r(5, 4, 2, 3), r(5, 4, 2, 3), np.zeros((2, 2), int), np.ones(2, int)), {},
+     r"Q's H = 3 heads must be a multiple of the cache's H_kv = 2"),
+    ("gptq_quantize", (r(8, 4), r(4, 4)), {}, re.escape("H must have shape (D_in, D_in) = (8, 8)")),
 ]
