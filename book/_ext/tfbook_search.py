@@ -125,7 +125,7 @@ def page_for_index(html: str, path: str | None = None) -> str | None:
 # "flash attention"... A reader searching a term wants the chapter that teaches it first, so the
 # words of these pages weigh less (Pagefind's data-pagefind-weight; 1 is a chapter's text).
 REFERENCE_PAGES = ("book/api.html", "book/notation.html", "book/bibliography.html")
-REFERENCE_WEIGHT = 0.25
+REFERENCE_WEIGHT = 0.1
 
 # The terms each chapter introduces (book/../BOOK.md's plan): its page gets one indexed sentence
 # naming them, weighed more than its text, so that a search for a term lists first the chapter
