@@ -236,7 +236,7 @@ def test_index_weighs_reference_pages_less_and_names_what_a_chapter_introduces()
     html = ('<html><head><title>T</title></head><body><article class="bd-article"><section id="s">'
             "<h1>Title</h1><p>rotary positions</p></section></article></body></html>")
     api = page_for_index(html, "book/api.html")
-    assert 'data-pagefind-body data-pagefind-weight="0.25"' in api and '<h1 data-pagefind-weight="0.25"' in api
+    assert 'data-pagefind-body data-pagefind-weight="0.1"' in api and '<h1 data-pagefind-weight="0.1"' in api
     ch7 = page_for_index(html, "notebooks/07_positional_information.html")
     assert "This chapter introduces" in ch7 and "rotary position embedding (RoPE)" in ch7
     assert "data-pagefind-weight" not in page_for_index(html, "notebooks/99_none.html")
