@@ -12,13 +12,6 @@ from tfbook.tasks import preferences as P
 from tfbook.tasks._common import shipped
 
 
-@pytest.fixture
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def test_artifacts_ship_small():
     for name in P.ARTIFACTS:
