@@ -127,7 +127,7 @@ test: $(STAMP) chromium bwrap sevenzip
 
 # The notebooks alone under the second profile (one process with two threads).
 test-profile-b: $(STAMP) sevenzip
-	$(PROFILE_B) PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -p no:cacheprovider $(NBVAL_FLAGS) notebooks
+	$(PROFILE_B) PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m pytest -p no:cacheprovider -n 2 --dist loadfile $(NBVAL_FLAGS) notebooks
 
 # A reader's install, tried: a fresh venv made only from `pip install "tfbook[book]"` (a wheel of
 # this checkout, dependencies from the package registry: needs the network, several GB, minutes)
