@@ -65,3 +65,39 @@ def test_shipped_other_seeds_give_the_record(kind):
         assert np.abs(acc - np.array(res[kind][seed])).max() <= 0.002, (kind, seed)
     with pytest.raises(ValueError, match="seed"):
         L.load_seed(kind, 5)
+
+
+# The second task: copy the token OFFSET = 3 back (same recipe, schemes and seeds), which ALiBi's
+# recency prior cannot single out in one head.
+def test_copy_shipped_claims_and_weights():
+    res, ids = L.load_copy_result(), L.test_ids()
+    assert res["offset"] == L.OFFSET == 3 and res["recipe"] == L.RECIPE
+    n_seen = L.T_TRAIN - L.OFFSET  # positions 3..15
+    for kind in L.KINDS:
+        for seed in L.SEEDS:
+            m = L.load_copy(kind, seed)
+            assert m.offset == L.OFFSET and all(torch.equal(p, p.half().double()) for p in m.parameters())
+            acc = L.accuracy_by_position(m, ids)
+            assert acc.shape == (L.T_TEST - L.OFFSET,)
+            assert np.abs(acc - np.array(res[kind][seed])).max() <= 0.002, (kind, seed)
+    seen = {k: np.array([np.mean(a[:n_seen]) for a in res[k]]) for k in L.KINDS}
+    unseen = {k: np.array([np.mean(a[n_seen:]) for a in res[k]]) for k in L.KINDS}
+    assert min(seen[k].min() for k in ("table", "sinusoidal", "rope")) > 0.95
+    assert seen["alibi"].max() < 0.5 and unseen["alibi"].max() < 0.5
+    assert unseen["table"].max() < 0.2 and unseen["rope"].min() > 0.8
+
+
+def test_copy_alibi_seed0_retrains_to_the_shipped_weights():
+    shipped = L.load_copy("alibi", 0).state_dict()
+    retrained = L.rounded(L.train("alibi", 0, offset=L.OFFSET)).state_dict()
+    for k in shipped:  # float64 training, rounded to float16: equal but for a last-bit flip of float16
+        assert torch.allclose(retrained[k], shipped[k], rtol=2 ** -9, atol=1e-4), k
+
+
+def test_copy_bad_arguments():
+    with pytest.raises(ValueError, match="offset"):
+        L.PrevToken("rope", offset=0)
+    with pytest.raises(ValueError, match="seed"):
+        L.load_copy("rope", 7)
+    with pytest.raises(ValueError, match="kind"):
+        L.load_copy("relative", 0)
