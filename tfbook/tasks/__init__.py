@@ -32,6 +32,8 @@ and 8: the score scale, Post-LN against Pre-LN with and without warm-up, rank co
 ``lookups`` (chapter 5: one, two and four heads at equal width), ``lengths`` (chapter 7: four
 position schemes trained on length 16, tested on 64), ``duplicates`` (chapters 6 and 9: a
 classification encoder, class token against mean pooling, with and without positions),
+``ends`` (chapter 6: the same encoder with and without positions on an order task, do the first
+and last letters match?),
 ``datasize`` (chapter 15: a small CNN against the ViT on 150, 400 and all training images) and
 ``recall`` (chapter 17: softmax, sliding-window and linear attention on associative recall, the
 learning rate chosen per model on validation). An experiment's verbs
