@@ -106,3 +106,16 @@ def test_set_rope_scaling_changes_what_it_should():
     assert np.abs(a - b).max() > 1  # PI's tables are really used
     with pytest.raises(ValueError, match="scaling must be"):
         sv.set_rope_scaling(plain, "linear")
+
+
+def test_time_speculative_counts_plain_and_speculative_runs():
+    """Chapter 20's CPU timing: T_d = 0 is plain decoding (one target pass per character); a draft equal
+    to the target has every proposal accepted (T_d + 1 characters per pass); the times are positive."""
+    from tfbook.tasks import prose
+
+    small, _ = prose.load_pretrained("small")
+    prompt = prose.data().test[:64].tolist()
+    tm = sv.time_speculative(small, small, prompt, 8, (0, 2), seed=0, repeats=1)
+    assert tm["runs"][0] == {**tm["runs"][0], "passes": 8, "drafted": 0, "emitted": 8}
+    assert tm["runs"][2] == {**tm["runs"][2], "passes": 3, "drafted": 6, "emitted": 9}
+    assert all(r["seconds"] > 0 for r in tm["runs"].values()) and tm["target_pass"] > 0 and tm["draft_pass"] > 0

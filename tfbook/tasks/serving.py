@@ -51,7 +51,7 @@ from . import modern, prose
 from ._common import cli, shipped, write_json
 
 __all__ = ["RECIPE", "ARTIFACTS", "METHODS", "run", "load_pretrained", "save", "main", "live_slices", "llama_params", "long_context_logits", "bits_per_position", "quantized_params", "param_bytes",
-           "kv_cache_bytes_per_token", "yarn_attention_factor", "method_kwargs", "next_char_probs", "expected_tokens_per_pass", "tokens_per_pass_standard_error", "speculative_generate",
+           "kv_cache_bytes_per_token", "yarn_attention_factor", "method_kwargs", "next_char_probs", "expected_tokens_per_pass", "tokens_per_pass_standard_error", "speculative_generate", "time_speculative",
            "speculative_sequence_distribution", "FINETUNE", "set_rope_scaling", "finetune", "run_finetune",
            "load_finetuned", "load_finetune_results", "finetuned_params", "WINDOW_SEARCH", "window_search",
            "load_window_search"]
@@ -87,10 +87,15 @@ def method_kwargs(method, factor):
 
 
 def live_slices():
-    """The small slices the chapter recomputes live: ``{name: ids (B, T)}``."""
+    """The small slices the chapter recomputes live: ``{name: ids (B, T)}``.
+
+    ``long``, ``long_256``, ``long_512``: the first ``live_windows`` windows of 128, 256 and 512
+    test characters (2, 4 and 8 times the trained length); ``quant``: as many windows of 64.
+    """
     test = prose.data().test.numpy()
     n = RECIPE["live_windows"]
-    return {"long": test[: n * 128].reshape(n, 128), "quant": test[: n * 64].reshape(n, 64)}
+    return {"long": test[: n * 128].reshape(n, 128), "long_256": test[: n * 256].reshape(n, 256),
+            "long_512": test[: n * 512].reshape(n, 512), "quant": test[: n * 64].reshape(n, 64)}
 
 
 def _mean_bits(params, cfg, ids, **kw):
@@ -409,6 +414,33 @@ def speculative_generate(target, draft, prompt, n, gamma, seed=0):
             seq.append(_draw(P[gamma], rng.random()))
     return dict(ids=seq[len(prompt):len(prompt) + n], passes=passes, drafted=drafted, tried=tried, accepted=accepted,
                 emitted=len(seq) - len(prompt))
+
+
+def time_speculative(target, draft, prompt, n, gammas, seed=0, repeats=2):
+    """CPU seconds of :func:`speculative_generate` at each draft length, plain decoding included.
+
+    ``gammas`` may contain 0: no draft, one target pass per token, the same code path (plain
+    sampling from the target). Each run is timed with :func:`tfbook.measure.cpu_seconds`
+    (single-threaded, one warm-up call, the minimum over ``repeats``), so the figures are this
+    machine's and are not checked by anything. Also times one pass of each model over a full
+    window, to give the draft's cost ``c`` in target passes. Returns ``dict(runs={gamma: dict(
+    seconds, passes, drafted, emitted)}, target_pass, draft_pass)`` (seconds).
+    """
+    from .. import measure
+
+    runs = {}
+    ctx = torch.tensor(list(prompt)[-target.config.block_size:])[None]
+    with measure.threads(1):
+        for g in gammas:
+            box = {}
+            secs = measure.cpu_seconds(lambda: box.update(out=speculative_generate(target, draft, prompt, n, g, seed=seed)),
+                                       repeats=repeats, min_seconds=0.0, stat="min")
+            out = box["out"]  # the same tokens and counts every call (same seed)
+            runs[int(g)] = dict(seconds=secs, passes=out["passes"], drafted=out["drafted"], emitted=out["emitted"])
+        # as speculative_generate calls them (autograd on: the pass records its graph there too)
+        t_pass = measure.cpu_seconds(lambda: target(ctx), repeats=5, stat="min")
+        d_pass = measure.cpu_seconds(lambda: draft(ctx[:, -draft.config.block_size:]), repeats=5, stat="min")
+    return dict(runs=runs, target_pass=t_pass, draft_pass=d_pass)
 
 
 def rule_accept_probability(px: float, qx: float) -> float:
