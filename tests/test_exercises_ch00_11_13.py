@@ -30,22 +30,21 @@ def _packed(self="causal & same", cross="tp[:, None] == sp[None, :]") -> str:
     """)
 
 
-_NEXT_TOKEN_PROBS = """
-def next_token_probs(logits, temperature):
+_MIN_P_PROBS = """
+def min_p_probs(logits, temperature, p_min):
     logits = np.asarray(logits, dtype=np.float64)
-    if temperature == 0:
-        return GREEDY
-    z = TEMPERED
-    e = np.exp(z - SHIFT)
-    return e / e.sum(axis=-1, keepdims=True)
+    z = logits / temperature
+    z = z - SHIFT
+    e = np.where(KEEP, np.exp(z), 0.0)
+    return e / NORM
 """
 
 
-def _next_token_probs(**change) -> str:
+def _min_p_probs(**change) -> str:
     """Exercise 11.1's answer, with the mistake put in by replacing one of its upper-case parts."""
-    return variant(_NEXT_TOKEN_PROBS, dict(
-        GREEDY="(np.arange(logits.shape[-1]) == logits.argmax(axis=-1)[..., None]).astype(np.float64)",
-        TEMPERED="logits / temperature", SHIFT="z.max(axis=-1, keepdims=True)"), **change)
+    return variant(_MIN_P_PROBS, dict(
+        SHIFT="z.max(axis=-1, keepdims=True)", KEEP="z >= np.log(p_min)", NORM="e.sum(axis=-1, keepdims=True)"),
+        **change)
 
 
 # {chapter: {test grade_id: {mistake: (wrong answer, words its visible failure must contain)}}}
@@ -106,15 +105,23 @@ MISTAKES: dict[str, dict[str, dict[str, tuple[str, str]]]] = {
         },
     },
     "11_decoders": {
-        "ex11-1-next-token-probs-tests": {
-            "multiplied by the temperature": (_next_token_probs(TEMPERED="logits * temperature"),
-                                              "the logits were multiplied by the temperature"),
-            "greedy returns the index": (_next_token_probs(GREEDY="logits.argmax(axis=-1)"),
-                                         "returned the index of the argmax"),
-            "argmax of the flattened array": (_next_token_probs(GREEDY="np.eye(logits.shape[-1])[logits.argmax()]"),
-                                              "takes the argmax of the flattened array"),
-            "no max subtracted": (_next_token_probs(SHIFT="0.0"), "exp(1e5) overflows"),
-            "max over the whole array": (_next_token_probs(SHIFT="z.max()"), "the max was taken over the whole array"),
+        "ex11-1-min-p-probs-tests": {
+            "absolute threshold": (_min_p_probs(KEEP="np.exp(z) / np.exp(z).sum(axis=-1, keepdims=True) >= p_min"),
+                                   "an absolute threshold"),
+            "cut on the logits": (_min_p_probs(KEEP="logits >= p_min * logits.max(axis=-1, keepdims=True)"),
+                                  "the cut was made on the logits"),
+            "cut at temperature 1": (_min_p_probs(KEEP="logits - logits.max(axis=-1, keepdims=True) >= np.log(p_min)"),
+                                     "chosen at temperature 1"),
+            "not renormalised": (_min_p_probs(NORM="np.exp(z).sum(axis=-1, keepdims=True)"), "not renormalised"),
+            "> for >=": (_min_p_probs(KEEP="z > np.log(p_min)"), "compare with >=, not >"),
+            "max over the whole array": (_min_p_probs(SHIFT="z.max()"), "taken over the whole array"),
+            "no max subtracted": (code("""
+                def min_p_probs(logits, temperature, p_min):
+                    e = np.exp(np.asarray(logits, dtype=np.float64) / temperature)
+                    p = e / e.sum(axis=-1, keepdims=True)
+                    q = np.where(p >= p_min * p.max(axis=-1, keepdims=True), p, 0.0)
+                    return q / q.sum(axis=-1, keepdims=True)
+            """), "exp(1e5) overflows"),
         },
         "ex11-2-attend-with-window-tests": {
             "the cache never trimmed": (code("""
@@ -254,3 +261,25 @@ MISTAKES: dict[str, dict[str, dict[str, tuple[str, str]]]] = {
 
 
 globals().update(exercise_tests(MISTAKES, CHAPTERS))
+
+
+def test_min_p_solution_matches_hugging_face():
+    """Exercise 11.1's solution keeps, and renormalises, the tokens that Hugging Face's
+    MinPLogitsWarper keeps after its TemperatureLogitsWarper (the order of ``generate``)."""
+    import numpy as np
+    import torch
+    from exercise_harness import master
+    from transformers import MinPLogitsWarper, TemperatureLogitsWarper
+
+    source = next(c.source for c in master("11_decoders").cells if c.get("id") == "ex11-1-min-p-probs")
+    ns = {"np": np}
+    exec(source, ns)
+    logits = 3 * np.random.default_rng(0).normal(size=(64, 50))
+    no_ids = torch.zeros((64, 0), dtype=torch.long)
+    for tau in (0.5, 1.0, 2.0):
+        for p_min in (0.02, 0.1, 0.5, 1.0):
+            ours = ns["min_p_probs"](logits, tau, p_min)
+            scores = MinPLogitsWarper(p_min)(no_ids, TemperatureLogitsWarper(tau)(no_ids, torch.from_numpy(logits)))
+            theirs = torch.softmax(scores, -1).numpy()
+            assert np.array_equal(ours > 0, theirs > 0), (tau, p_min)
+            assert np.abs(ours - theirs).max() < 1e-12, (tau, p_min)

@@ -1,11 +1,12 @@
 """Hidden cases of chapter 11 (see README.md in this folder)."""
 
 HIDDEN = {
-    "ex11-1-next-token-probs-tests": {
-        "A": "two leading axes at a temperature below 1: softmax(logits / tau) along the last axis",
-        "B": "extreme logits with a very small temperature, rows of very different sizes: finite, max taken per row",
-        "C": "greedy (temperature 0) with two leading axes: one-hot along the last axis",
-        "D": "a very large temperature: the distribution approaches uniform",
+    "ex11-1-min-p-probs-tests": {
+        "A": "two leading axes, a temperature below 1 and a small p_min: the cut and renormalisation row by row",
+        "B": "extreme logits with a very small temperature, rows of very different sizes: finite, the max taken per row",
+        "C": "a vanishing p_min: every token kept, the plain softmax at temperature tau",
+        "D": "a very large temperature: every token kept, the distribution approaches uniform",
+        "E": "the largest p_min with two tied likeliest tokens: both kept, half each",
     },
     "ex11-2-attend-with-window-tests": {
         "E": "one leading axis, D_K different from D_V and another window, fed one token at a time: the banded mask",
