@@ -132,8 +132,10 @@ def test_ex10_1_each_named_mistake_fails_its_visible_check(wrong, phrase, which)
     padding, full = _split_ce_visible()
     named = re.escape(phrase)  # the failure message names this very mistake
     if which == "padding":
-        with pytest.raises(AssertionError, match=named):
+        with pytest.raises(AssertionError, match=named) as raised:
             exec(padding, _namespace(smoothed_ce_gradient=wrong))
+        others = [m[1] for m in CE_MISTAKES if m[2] == "padding" and m[1] != phrase]
+        assert not any(o in str(raised.value) for o in others), str(raised.value)   # it names this one mistake only
     else:  # correct on ordinary logits, wrong only at 1e4: passes the first check, fails the second
         if wrong is not ls_max_wrong_axis:  # (the wrong axis is wrong at any scale)
             exec(padding, _namespace(smoothed_ce_gradient=wrong))
