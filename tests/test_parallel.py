@@ -332,3 +332,20 @@ def test_context_parallel_does_not_run_on_the_cpu(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("CP-")]
     assert lines == ["CP-NOT-IMPLEMENTED Operator aten._scaled_dot_product_flash_attention_for_cpu.default"] * 2, lines
+
+
+def test_steptime_scheme_times_real_data_parallel_steps(monkeypatch):
+    """Chapter 18's step-time measurement (scheme 'steptime'): every figure present and positive, one
+    per batch size, and the timed data-parallel steps train as the one-process steps do (float64)."""
+    if parallel.default_start_method() == "fork":  # the workers run this process's code: two small batches
+        monkeypatch.setattr(parallel.ddp, "STEPTIME_BATCHES", (2, 4))
+    batches = parallel.ddp.STEPTIME_BATCHES
+    out = parallel.run_engines(["steptime"], CFG, world_size=2, timeout=180)
+    for r in out:
+        s = r["steptime"]
+        assert s["tokens"] == [b * CFG.block_size for b in batches]
+        assert s["num_params"] == sum(p.numel() for p in parallel.make_model(CFG).parameters())
+        for k in ("full_cpu", "full_wall", "shard_cpu", "step_wall", "allreduce"):
+            assert len(s[k]) == len(batches) and all(v > 0 for v in s[k]), k
+        assert max(s["param_gap"]) < 1e-12  # float64 round-off of a sum in another order, over 3 steps
+    assert "steptime" in parallel.KNOWN_SCHEMES and "steptime" not in parallel.SCHEMES

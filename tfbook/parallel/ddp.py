@@ -239,3 +239,82 @@ def _ddp_scheme(cfg: DPConfig, rank: int, world: int, device) -> dict:
             "no_sync_grads": {n: p.grad.detach().cpu().clone() for n, p in acc.named_parameters()},
             "allreduce_per_tensor_s": sorted(per_tensor)[len(per_tensor) // 2],
             "allreduce_flat_s": sorted(flat)[len(flat) // 2], "num_tensors": len(ts)}
+
+
+#: global batch sizes (sequences of ``block_size`` tokens) of the step-time measurement (scheme ``steptime``)
+STEPTIME_BATCHES = (8, 32, 128, 512, 2048)
+
+
+def _steptime_scheme(cfg: DPConfig, rank: int, world: int, device, batches=None, repeats: int = 3) -> dict:
+    """Step times of data parallelism on this machine, for chapter 18's step-time model (measured, not checked).
+
+    For each global batch size ``B`` of ``batches`` (default :data:`STEPTIME_BATCHES`; ``n = B *
+    block_size`` tokens per step), ``repeats + 1`` SGD steps (the first a warm-up, not counted) of
+    two kinds, each starting when both ranks have reached a barrier:
+
+    - one process: this rank alone on the whole batch (forward, backward, SGD step);
+    - data parallel: this rank's shard, its gradients flattened into one tensor, all-reduced
+      once (as DDP's single default bucket sends them, here without overlap), divided by
+      ``world`` and copied back, then the SGD step.
+
+    Computation is timed in CPU seconds of this thread (``time.thread_time``, one thread: the time
+    the thread ran, not the time other programs held the core); whole steps in wall seconds
+    (``time.perf_counter``: waiting for the other rank and for a core included). Then the
+    flattened all-reduce alone, ``max(repeats + 1, 10)`` times after a barrier each (no waiting
+    for a late rank), in wall seconds. Returns ``{"tokens": [n...], "num_params": N_theta, key:
+    [per B]}`` with the minimum over the counted steps of ``full_cpu``, ``full_wall``,
+    ``shard_cpu`` (the data-parallel step less its all-reduce), ``step_wall`` and ``allreduce``;
+    and ``param_gap``, per B, the largest difference between the parameters the two kinds of
+    step reached (float64 round-off: the timed data-parallel steps are real ones).
+    """
+    from dataclasses import replace
+
+    import torch.distributed as dist
+
+    from ..measure import threads
+
+    batches = STEPTIME_BATCHES if batches is None else batches
+    keys = ("full_cpu", "full_wall", "shard_cpu", "step_wall", "allreduce")
+    out = {k: [] for k in keys + ("param_gap",)}
+    with threads(1):
+        for B in batches:
+            c = replace(cfg, batch_size=B, steps=repeats + 1)
+            full, model = make_model(c).to(device), make_model(c).to(device)
+            params = list(model.parameters())
+            rec = {k: [] for k in keys}
+            for x, y in make_batches(c):
+                x, y = x.to(device), y.to(device)
+                dist.barrier()
+                w0, t0 = time.perf_counter(), time.thread_time()
+                full.zero_grad(set_to_none=True)
+                _loss(full, x, y).backward()
+                _sgd_step(full, c.lr)
+                rec["full_cpu"].append(time.thread_time() - t0)
+                rec["full_wall"].append(time.perf_counter() - w0)
+                dist.barrier()
+                w0, t0 = time.perf_counter(), time.thread_time()
+                model.zero_grad(set_to_none=True)
+                _loss(model, shard(x, rank, world), shard(y, rank, world)).backward()
+                flat = torch.cat([p.grad.flatten() for p in params])
+                t_before = time.thread_time() - t0
+                dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+                t1 = time.thread_time()
+                flat /= world
+                offset = 0
+                for p in params:
+                    p.grad.copy_(flat[offset:offset + p.numel()].view_as(p))
+                    offset += p.numel()
+                _sgd_step(model, c.lr)
+                rec["shard_cpu"].append(t_before + time.thread_time() - t1)
+                rec["step_wall"].append(time.perf_counter() - w0)
+            for _ in range(max(repeats + 1, 10)):  # a fraction of a millisecond each
+                dist.barrier()
+                w0 = time.perf_counter()
+                dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+                rec["allreduce"].append(time.perf_counter() - w0)
+            for k in keys:
+                out[k].append(min(rec[k][1:]))  # the first is a warm-up
+            out["param_gap"].append(max((p - q).abs().max().item() for p, q in zip(params, full.parameters())))
+    out["tokens"] = [B * cfg.block_size for B in batches]
+    out["num_params"] = sum(p.numel() for p in params)
+    return out

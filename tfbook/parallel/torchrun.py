@@ -27,12 +27,13 @@ from .launch import _init_group, _launch, _loopback_name, default_start_method
 __all__ = ["SCHEMES", "KNOWN_SCHEMES", "run_torchrun", "run_engines", "torchrun_command"]
 
 SCHEMES = ("ddp", "zero1", "fsdp", "tp", "ring", "pipeline")  # chapter 18's, run by default
-# every scheme that runs by name: chapter 18's and expert parallelism (chapter 19's, :mod:`~tfbook.parallel.expert`)
-KNOWN_SCHEMES = SCHEMES + ("expert",)
+# every scheme that runs by name: chapter 18's, expert parallelism (chapter 19's, :mod:`~tfbook.parallel.expert`)
+# and the step-time measurement (:func:`~tfbook.parallel.ddp._steptime_scheme`)
+KNOWN_SCHEMES = SCHEMES + ("expert", "steptime")
 
 # the module of this package that defines each scheme's function ``_<name>_scheme``
 _SCHEME_MODULES = {"ddp": "ddp", "zero1": "zero", "fsdp": "zero", "tp": "tensor", "ring": "context",
-                   "pipeline": "pipeline", "expert": "expert"}
+                   "pipeline": "pipeline", "expert": "expert", "steptime": "ddp"}
 
 
 def _scheme_fn(name: str):
