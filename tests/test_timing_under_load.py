@@ -36,17 +36,18 @@ TIMED = {
     "01": "c015h/c015i: 500 byte-BPE merges; the CPU time is shown, the check asserts the merges and piece counts",
     "11": "c045b: the KV cache's speed-up; asserts FLOP counts, shows the times",
     "16": "c026-c041: CPU times of the layer's parts; asserts FLOP and byte counts, shows the times",
-    "18": "c012c/c070: the workers' measured seconds; asserts the training results, shows the times",
+    "18": "c012c/c070b: the workers' measured seconds; asserts the training results, shows the times",
 }
 # chapter prefix -> why it times code but is not run here
 NOT_RUN = {
     "14": "c035 times 10 training steps per model; the output is not compared (NBVAL_IGNORE_OUTPUT) and no "
           "check reads the time (make test's nbval run covers the chapter)",
     "17": "c015 times blocked and tiled attention; it asserts their outputs, not the times",
+    "20": "c030b times speculative decoding (sv.time_speculative); output not compared, no check reads a time",
     "23": "c027/c028 time a recurrent and a cached step; outputs not compared, no check reads a time",
 }
 TIMER = re.compile(r"\b(perf_counter|process_time|thread_time|monotonic|time\.time|timeit|cpu_seconds|"
-                   r"median_seconds|best_time|tokens_per_second)\s*\(|from tfbook\.measure import")
+                   r"median_seconds|best_time|tokens_per_second|time_speculative)\s*\(|from tfbook\.measure import")
 SPIN = "while True:\n    pass\n"
 
 
