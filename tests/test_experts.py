@@ -304,6 +304,92 @@ def test_bias_updates_balance_a_skewed_router():
                                   [-0.5, 0.0, 0.5])  # mean load 1: expert 0 over, 1 at the mean, 2 under
 
 
+def test_moe_with_a_bias_routes_by_the_biased_router_in_both_backends():
+    g = np.random.default_rng(5)
+    p, X = _moe(g, D=8, E=4, F=12), g.standard_normal((3, 7, 8))
+    bias = np.array([0.0, 0.3, -0.2, 0.1])
+    Y, routing = tnp.moe(X, p, 2, bias=bias)
+    w, e, _ = tnp.biased_top_k_router(X, p["W_router"], 2, bias)
+    np.testing.assert_array_equal(routing["experts"], e)
+    np.testing.assert_allclose(routing["weights"], w, rtol=0, atol=0)
+    assert (e != tnp.top_k_router(X, p["W_router"], 2)[1]).any()  # the bias changed some choices
+    Yt, rt = TF.moe(to_torch(X), to_torch(p), 2, bias=torch.tensor(bias))
+    np.testing.assert_allclose(Yt.numpy(), Y, rtol=0, atol=ATOL)
+    np.testing.assert_array_equal(rt["experts"].numpy(), e)
+    Y0, _ = tnp.moe(X, p, 2, bias=np.zeros(4))  # bias 0 is the plain layer
+    np.testing.assert_allclose(Y0, tnp.moe(X, p, 2)[0], rtol=0, atol=0)
+
+
+def test_moe_module_z_loss_and_bias_buffer():
+    torch.manual_seed(0)
+    layer = MoE(8, 12, 4, top_k=2, router_bias=True).double()
+    assert torch.equal(layer.bias, torch.zeros(4, dtype=torch.float64)) and "bias" in layer.state_dict()
+    assert "bias" not in MoE(8, 12, 4).state_dict()  # old checkpoints load unchanged
+    X = torch.randn(5, 6, 8, dtype=torch.float64)
+    with torch.no_grad():
+        layer.bias.copy_(torch.tensor([0.0, 0.5, -0.5, 0.0]))
+    layer.train()
+    Y = layer(X)
+    Yf, routing = TF.moe(X, layer.params(), 2, bias=layer.bias)
+    torch.testing.assert_close(Y, Yf, rtol=0, atol=0)
+    torch.testing.assert_close(layer.z_loss, TF.router_z_loss(X @ layer.W_router), rtol=0, atol=0)
+    load = torch.bincount(routing["experts"].reshape(-1), minlength=4).double()
+    before = layer.bias.clone()
+    layer.update_bias(0.01)
+    torch.testing.assert_close(layer.bias, before + 0.01 * torch.sign(load.mean() - load), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="needs a training forward pass"):
+        layer.update_bias(0.01)  # the choices are used once
+    with torch.no_grad():
+        layer(X)  # an evaluation does not count
+    with pytest.raises(ValueError, match="needs a training forward pass"):
+        layer.update_bias(0.01)
+    with pytest.raises(ValueError, match="needs router_bias=True"):
+        MoE(8, 12, 4).update_bias(0.01)
+    with pytest.raises(ValueError, match="router_bias must be True or False"):
+        MoE(8, 12, 4, router_bias=1)
+
+
+def test_moelm_bias_and_z_loss():
+    cfg = MoELMConfig(vocab_size=11, block_size=8, d_model=8, num_heads=2, num_kv_heads=2, num_layers=2, d_ff=6,
+                      num_experts=4, top_k=2, router_bias=True)
+    torch.manual_seed(1)
+    m = MoELM(cfg).train()
+    x = torch.randint(0, 11, (3, 8))
+    m(x)
+    zs = torch.stack([layer.z_loss for layer in m.moe_layers()])
+    torch.testing.assert_close(m.z_loss(), zs.mean(), rtol=0, atol=0)
+    m.update_bias(0.5)
+    assert all(layer.bias.abs().max() > 0 for layer in m.moe_layers())
+    assert all(set(layer.bias.tolist()) <= {-0.5, 0.0, 0.5} for layer in m.moe_layers())
+
+
+def test_sigmoid_biased_router_equals_hugging_face_deepseek_v3():
+    ds = pytest.importorskip("transformers.models.deepseek_v3.modeling_deepseek_v3",
+                             reason="transformers is not installed (peer check only)")
+    from transformers import DeepseekV3Config
+    cfg = DeepseekV3Config(hidden_size=16, n_routed_experts=8, num_experts_per_tok=2, n_group=1, topk_group=1,
+                           norm_topk_prob=True, routed_scaling_factor=1.0)
+    router = ds.DeepseekV3TopkRouter(cfg)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        router.weight.copy_(torch.randn(8, 16, generator=g))
+        router.e_score_correction_bias.copy_(0.3 * torch.randn(8, generator=g))
+    X = torch.randn(200, 16, generator=g)
+    _, hf_w, hf_e = router(X)  # HF computes in float32 and returns the choices unsorted
+    W, bias = router.weight.detach().T.double(), router.e_score_correction_bias.double()
+    for backend, (w, e, _) in (("numpy", tnp.biased_top_k_router(X.double().numpy(), W.numpy(), 2, bias.numpy(),
+                                                                   score="sigmoid")),
+                               ("torch", TF.biased_top_k_router(X.double(), W, 2, bias, score="sigmoid"))):
+        e, w = np.asarray(e), np.asarray(w)
+        order, hf_order = np.argsort(e, -1), np.argsort(hf_e.numpy(), -1)
+        np.testing.assert_array_equal(np.take_along_axis(e, order, -1),
+                                      np.take_along_axis(hf_e.numpy(), hf_order, -1), err_msg=backend)
+        np.testing.assert_allclose(np.take_along_axis(w, order, -1),
+                                   np.take_along_axis(hf_w.detach().numpy(), hf_order, -1), rtol=0, atol=1e-6)  # float32
+    plain = np.sort(tnp.biased_top_k_router(X.double().numpy(), W.numpy(), 2, np.zeros(8), score="sigmoid")[1], -1)
+    assert (plain != np.sort(hf_e.numpy(), -1)).any()  # the bias mattered
+
+
 @pytest.mark.parametrize("k", [1, 2])
 def test_balance_loss_equals_hugging_face(k):
     mixtral = pytest.importorskip("transformers.models.mixtral.modeling_mixtral",

@@ -122,3 +122,43 @@ def test_chosen_refuses_an_incomplete_search():
         task.chosen(runs)
     with pytest.raises(ValueError, match="kind must be one of"):
         task.grid("moe-nobal")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("variant", task.VARIANTS)
+def test_balancing_variants_reproduce_their_recorded_scores(variant, seed):
+    """The bias and z-loss mixtures: every seed's weights (bias buffer included) score and route as recorded."""
+    torch.set_num_threads(1)
+    model, _ = task.load_pretrained(variant, seed=seed)
+    assert all((layer.bias is not None) == (variant == "moe-bias") for layer in model.moe_layers())
+    recorded = task.load_balancing()["runs"][variant][seed]
+    assert recorded["seed"] == seed
+    assert abs(task.evaluate(model, "validation") - recorded["validation"]) < 1e-9  # float64 round-off
+    stats = task.router_stats(model, task.data().validation)
+    assert stats["loads"] == recorded["loads"]
+    assert np.allclose(stats["z"], recorded["z"], rtol=0, atol=1e-9)
+
+
+def test_balancing_search_is_complete_and_its_minima_are_shipped():
+    bal = task.load_balancing()
+    assert sorted(r["value"] for r in bal["search"] if r["kind"] == "moe-bias") == sorted(task.BIAS_RATES)
+    assert sorted(r["value"] for r in bal["search"] if r["kind"] == "moe-z") == sorted(task.Z_COEFS)
+    assert all("test" not in r for r in bal["search"])  # the search reads no test character
+    chosen = task.chosen_balancing(bal["search"])
+    assert bal["chosen"] == chosen
+    assert all(r["value"] == chosen[v] for v, rs in bal["runs"].items() for r in rs)
+    best = task.chosen(task.load_search()["runs"])["moe"]
+    assert (bal["moe"]["lr"], bal["moe"]["balance"]) == best
+
+
+def test_a_short_bias_retrain_moves_the_bias_and_is_deterministic():
+    torch.set_num_threads(1)
+    a, ha = task.train("moe-bias", seed=0, steps=3, bias_rate=0.01)
+    b, hb = task.train("moe-bias", seed=0, steps=3, bias_rate=0.01)
+    assert ha.loss == hb.loss and len(ha.loss) == 3
+    m = task._model(task.config("moe-bias")).train()
+    x = task.data().train[:33 * 4].reshape(4, 33)[:, :32]
+    m(x)
+    m.update_bias(0.01)
+    assert all(set(torch.round(layer.bias / 0.01).tolist()) <= {-1.0, 0.0, 1.0} for layer in m.moe_layers())
+    assert any(layer.bias.abs().max() > 0 for layer in m.moe_layers())

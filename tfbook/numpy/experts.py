@@ -236,14 +236,21 @@ def router_z_loss(logits):
     return np.asarray(np.mean(lse ** 2), dtype=logits.dtype)
 
 
-def biased_top_k_router(X, W_router, k, bias):
+def _check_score(score):
+    if score not in ("softmax", "sigmoid"):
+        raise ValueError(f"score must be 'softmax' or 'sigmoid', got {score!r}")
+    return score
+
+
+def biased_top_k_router(X, W_router, k, bias, score="softmax"):
     """DeepSeek-V3's router without an auxiliary loss: the experts are chosen by ``probs + bias``,
     the gates are the *unbiased* ``probs`` of the chosen experts, renormalised.
 
     ``bias`` (one number per expert, not trained by gradients: :func:`balance_bias_update`)
     only moves tokens between experts; it never enters the layer's output except through the
-    choice. ``bias = 0`` is :func:`top_k_router`. (DeepSeek-V3 scores with a sigmoid; the book's
-    router keeps Mixtral's softmax.)
+    choice. ``bias = 0`` is :func:`top_k_router`. DeepSeek-V3 scores with a sigmoid
+    (``score="sigmoid"``: ``probs = sigmoid(X W_router)``, one independent score per expert);
+    the book's router keeps Mixtral's softmax (the default).
 
     Parameters
     ----------
@@ -251,18 +258,23 @@ def biased_top_k_router(X, W_router, k, bias):
     W_router : (D, E) ndarray
     k : int
     bias : (E,) ndarray
+    score : {"softmax", "sigmoid"}
 
     Returns
     -------
     weights, experts, probs
-        As :func:`top_k_router`'s.
+        As :func:`top_k_router`'s (``probs``: the unbiased scores).
     """
     X = _as_float(X, "X")
     W_router = _as_float(W_router, "W_router")
     k, E = _check_router(X, W_router, k)
     bias = np.asarray(bias, dtype=X.dtype)
     _check_bias(bias, E, f"W_router: {_v.shape_of(W_router)}")
-    probs = softmax(X @ W_router, axis=-1)  # (..., E)
+    logits = X @ W_router
+    if _check_score(score) == "softmax":
+        probs = softmax(logits, axis=-1)  # (..., E)
+    else:
+        probs = 0.5 * (1.0 + np.tanh(0.5 * logits))  # sigmoid, without overflow
     experts = np.argsort(-(probs + bias), axis=-1, kind="stable")[..., :k]  # chosen by the biased score
     top = np.take_along_axis(probs, experts, axis=-1)  # gated by the unbiased probability
     weights = top / top.sum(axis=-1, keepdims=True)
@@ -338,7 +350,7 @@ def _keep(experts2, E, C):
 # ---------------------------------------------------------------------------
 
 
-def moe(X, params, k, capacity_factor=None):
+def moe(X, params, k, capacity_factor=None, bias=None):
     """A mixture-of-experts layer: each token goes to the ``k`` experts its router chooses,
     with gate weights summing to one; optional capacity and shared expert.
 
@@ -359,6 +371,10 @@ def moe(X, params, k, capacity_factor=None):
         each expert takes at most :func:`expert_capacity` ``(N, E, k, capacity_factor)``
         assignments of the ``N`` tokens of ``X`` (all leading axes together), the first
         choices first; the others are dropped.
+    bias : (E,) ndarray or None
+        None: the router is :func:`top_k_router`. Otherwise :func:`biased_top_k_router`
+        (DeepSeek-V3's balancing: the bias chooses the experts, the gates stay the unbiased
+        probabilities).
 
     Returns
     -------
@@ -371,7 +387,10 @@ def moe(X, params, k, capacity_factor=None):
     X = _as_float(X, "X")
     k, E = _check_moe_params(X, params, k)
     cf = _check_capacity_factor(capacity_factor)
-    weights, experts, probs = top_k_router(X, params["W_router"], k)
+    if bias is None:
+        weights, experts, probs = top_k_router(X, params["W_router"], k)
+    else:
+        weights, experts, probs = biased_top_k_router(X, params["W_router"], k, bias)
     D = X.shape[-1]
     X2, w2, e2 = X.reshape(-1, D), weights.reshape(-1, k), experts.reshape(-1, k)  # (N, D), (N, k), (N, k)
     N = X2.shape[0]

@@ -33,6 +33,18 @@ on all seven weight matrices of each block (``W_Q, W_K, W_V, W_O, W_gate, W_up, 
 with ``alpha = r``; three seeds each, the learning rate of each setting chosen on validation
 (seed 0) among :data:`FT_LRS`, the stopping step on validation.
 
+**Balancing without the loss, and the z-loss.** Two more mixtures, at the rate chosen for
+``moe`` and its three seeds (:data:`VARIANTS`): ``"moe-bias"``, no balance loss but DeepSeek-V3's
+balancing bias (each layer's bias moves by ``u`` after every step towards the experts the batch
+under-used; ``u`` among :data:`BIAS_RATES`), and ``"moe-z"``, ``moe``'s balance loss plus ST-MoE's
+router z-loss (coefficient among :data:`Z_COEFS`). ``u`` and the coefficient are chosen on
+validation (seed 0, :func:`chosen_balancing`); the test slice is read once per chosen run. They
+are compared with ``moe`` (the loss) and ``moe-nobal`` (nothing). Artifacts:
+``experts_{variant}.pt``, ``experts_{variant}_seed{1,2}.pt`` and ``experts_balancing.json`` (the
+search's records and every run's scores); about 6 minutes of one core::
+
+    python -m tfbook.tasks.experts --search none --runs none --lora none --balancing all
+
 The artifacts (``experts_{kind}.pt`` and ``experts_{kind}_seed{1,2}.pt``: every seed's weights in
 float16, so that the chapter scores all twelve runs on the test slice live; ``experts_{kind}.json``:
 every run's scores, curves and routing loads; ``experts_search.json``: every point of the search,
@@ -72,7 +84,8 @@ from ._common import (Splits, cli, load_blob, load_json, load_model, load_state,
 
 __all__ = ["RECIPE", "KINDS", "SHAPE", "ARTIFACTS", "EXPERT", "data", "config", "train", "evaluate", "scores",
            "load_pretrained", "load_scores", "save", "FT_RECIPE", "FT_LRS", "LORA_RANKS", "LORA_NAMES",
-           "SETTINGS", "LRS", "BALANCES", "SEARCHED", "grid", "routing_loads", "chosen", "load_search", "new_text", "lora_data", "finetune", "load_finetuned", "load_lora_scores", "main"]
+           "SETTINGS", "LRS", "BALANCES", "SEARCHED", "VARIANTS", "BIAS_RATES", "Z_COEFS", "router_stats",
+           "chosen_balancing", "load_balancing", "grid", "routing_loads", "chosen", "load_search", "new_text", "lora_data", "finetune", "load_finetuned", "load_lora_scores", "main"]
 
 #: the shared recipe; ``lr`` and ``balance`` (the balance loss coefficient, Switch Transformer's
 #: 0.01) are only the defaults of :func:`train`: the runs use the values chosen on validation
@@ -86,6 +99,12 @@ KINDS = ("moe", "moe-nobal", "dense-active", "dense-total")
 LRS = (3e-3, 1e-2, 3e-2)
 BALANCES = (1e-3, 1e-2, 1e-1)
 SEARCHED = ("moe", "dense-active", "dense-total")
+#: the balancing variants (:func:`train`), at ``moe``'s chosen rate: DeepSeek-V3's bias instead of
+#: the loss, and the loss plus the router z-loss; the bias step ``u`` and the z-loss coefficient are
+#: chosen on validation (seed 0) among these
+VARIANTS = ("moe-bias", "moe-z")
+BIAS_RATES = (1e-3, 3e-3, 1e-2, 3e-2)
+Z_COEFS = (1e-4, 1e-3, 1e-2, 1e-1)
 #: the MoE's shape: E experts of width d_ff, k per token
 EXPERT = dict(num_experts=8, top_k=2, d_ff=32)
 #: the models' shared shape (the prose tokenizer's vocabulary)
@@ -98,7 +117,10 @@ ARTIFACTS = (tuple(f"experts_{k}.pt" for k in KINDS) + tuple(f"experts_{k}.json"
              + ("experts_search.json", "experts_lora.json", "experts_lora.pt", "experts_full.pt")
              + tuple(f"experts_{k}_seed{s}.pt" for k in KINDS for s in RECIPE["seeds"][1:])
              + tuple(f"experts_lora-r1_seed{s}.pt" for s in FT_RECIPE["seeds"])
-             + tuple(f"experts_full_seed{s}.pt" for s in FT_RECIPE["seeds"][1:]))
+             + tuple(f"experts_full_seed{s}.pt" for s in FT_RECIPE["seeds"][1:])
+             + tuple(f"experts_{v}.pt" for v in VARIANTS)
+             + tuple(f"experts_{v}_seed{s}.pt" for v in VARIANTS for s in RECIPE["seeds"][1:])
+             + ("experts_balancing.json",))
 
 
 def data() -> Splits:
@@ -107,13 +129,13 @@ def data() -> Splits:
 
 
 def config(kind: str = "moe"):
-    """The model configuration of ``kind`` (one of :data:`KINDS`)."""
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    """The model configuration of ``kind`` (one of :data:`KINDS` or :data:`VARIANTS`)."""
+    if kind not in KINDS + VARIANTS:
+        raise ValueError(f"kind must be one of {KINDS + VARIANTS}, got {kind!r}")
     base = dict(vocab_size=prose.tokenizer().vocab_size, **SHAPE)
     E, k, d = EXPERT["num_experts"], EXPERT["top_k"], EXPERT["d_ff"]
     if kind.startswith("moe"):
-        return MoELMConfig(**base, d_ff=d, num_experts=E, top_k=k)
+        return MoELMConfig(**base, d_ff=d, num_experts=E, top_k=k, router_bias=kind == "moe-bias")
     return LlamaLMConfig(**base, d_ff=k * d if kind == "dense-active" else E * d)
 
 
@@ -122,37 +144,52 @@ def _model(cfg):
 
 
 def train(kind: str = "moe", seed: int = 0, lr: float = RECIPE["lr"], steps: int | None = None,
-          balance: float = RECIPE["balance"], disable: bool = True):
+          balance: float = RECIPE["balance"], disable: bool = True, bias_rate: float = 0.0, z_loss: float = 0.0):
     """Train ``kind`` with :data:`RECIPE` at peak rate ``lr``; returns ``(model, History)``.
 
-    The loss is the cross-entropy plus, for ``"moe"``, ``balance`` times the mean balance loss
-    of the layers (``"moe-nobal"`` is trained without it whatever ``balance``).
+    The loss is the cross-entropy plus, for ``"moe"`` and ``"moe-z"``, ``balance`` times the mean
+    balance loss of the layers (``"moe-nobal"`` and ``"moe-bias"`` are trained without it whatever
+    ``balance``) and, for ``"moe-z"``, ``z_loss`` times the mean router z-loss. ``"moe-bias"``
+    moves each layer's bias by ``bias_rate`` after every step (:meth:`MoELM.update_bias`).
     ``history.extra["aux"]`` holds the balance loss every 10 steps (MoE kinds, whether or not it
     is trained on); ``history.eval`` the validation bits per character on the first
     ``eval_chars`` characters; the model returned holds the best evaluation's weights.
     """
     cfg = config(kind)
-    coef = float(balance) if kind == "moe" else 0.0
+    coef = float(balance) if kind in ("moe", "moe-z") else 0.0
+    zc = float(z_loss) if kind == "moe-z" else 0.0
+    u = float(bias_rate) if kind == "moe-bias" else 0.0
     r = dict(RECIPE, kind=kind, lr=float(lr), seed=int(seed), balance=coef,
              steps=RECIPE["steps"] if steps is None else int(steps))
+    if kind in VARIANTS:
+        r.update(bias_rate=u, z_loss=zc)
     r.pop("seeds")
     splits = data()
     val = splits.validation[:r["eval_chars"]]
     aux: list = []
+    zs: list = []
 
     def loss_fn(model, x, y):
         loss = lm_loss(model, x, y)
-        return loss + coef * model.aux_loss() if coef else loss
+        if coef:
+            loss = loss + coef * model.aux_loss()
+        return loss + zc * model.z_loss() if zc else loss
 
     def watch(step, model, history):
+        if isinstance(model, MoELM) and kind == "moe-bias":
+            model.update_bias(u)
         if isinstance(model, MoELM) and step % 10 == 0:
             aux.append(float(model.aux_loss().detach()))
+            if all(m.z_loss is not None for m in model.moe_layers()):  # not after an evaluation (no gradients)
+                zs.append(float(model.z_loss().detach()))
 
     model, history = train_lm(lambda: _model(cfg), splits.train, lambda m: prose.bits_per_char(m, val), r,
                               RECIPE["steps"], loss_fn=loss_fn, callbacks=[watch], disable=disable,
                               desc=f"experts-{kind}")
     history.extra["recipe"] = r
     history.extra["aux"] = aux
+    if kind in VARIANTS:
+        history.extra["z"] = zs
     return model, history
 
 
@@ -194,6 +231,9 @@ def scores(model) -> dict:
 def _rounded(model):
     for p in model.parameters():
         p.data = p.data.half().float()
+    for b in model.buffers():  # the balancing bias ships in float16 too
+        if b.is_floating_point():
+            b.data = b.data.half().float()
     return model
 
 
@@ -203,9 +243,10 @@ def save(model, history: History, folder, kind: str = "moe"):
 
 
 def load_pretrained(kind: str = "moe", path=None, seed: int = 0):
-    """The shipped model of ``kind`` and ``seed`` (float32, eval mode) and its history."""
-    if kind not in KINDS:
-        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    """The shipped model of ``kind`` (:data:`KINDS` or :data:`VARIANTS`) and ``seed`` (float32,
+    eval mode) and its history."""
+    if kind not in KINDS + VARIANTS:
+        raise ValueError(f"kind must be one of {KINDS + VARIANTS}, got {kind!r}")
     if seed not in RECIPE["seeds"]:
         raise ValueError(f"seed must be one of {RECIPE['seeds']}, got {seed!r}")
     name = f"experts_{kind}.pt" if seed == 0 else f"experts_{kind}_seed{seed}.pt"
@@ -311,6 +352,118 @@ def _merge(out) -> None:
 def load_search(folder=None) -> dict:
     """The shipped ``experts_search.json``: every point of the search (seed 0, validation only)."""
     return load_json("experts_search.json", folder)
+
+
+# ----------------------------------------------------------------------------- balancing variants
+
+
+@torch.no_grad()
+def router_stats(model, ids) -> dict:
+    """Per MoE layer, on windows of ``ids`` (float64; the model is left as it was): ``loads``
+    (assignments per expert), ``z`` (the router z-loss, mean of ``logsumexp(logits)^2``),
+    ``logit_rms`` (root mean square of the router logits) and ``logit_spread`` (the mean over
+    tokens of the standard deviation of a token's ``E`` logits: what the softmax sees, unlike a
+    shift of all of them)."""
+    m = MoELM(model.config)
+    m.load_state_dict(model.state_dict())
+    m = m.to(torch.float64).eval()
+    T = m.config.block_size
+    n = (ids.numel() // T) * T
+    logits = []
+    hooks = [layer.register_forward_pre_hook(lambda mod, a: logits.append(a[0] @ mod.W_router))
+             for layer in m.moe_layers()]
+    m.record_routing(True)
+    try:
+        m(ids[:n].reshape(-1, T))
+    finally:
+        for h in hooks:
+            h.remove()
+    return dict(loads=[layer.routing["load"].tolist() for layer in m.moe_layers()],
+                z=[float((torch.logsumexp(L, -1) ** 2).mean()) for L in logits],
+                logit_rms=[float(L.pow(2).mean().sqrt()) for L in logits],
+                logit_spread=[float(L.std(-1, correction=0).mean()) for L in logits])
+
+
+def _variant_grid(variant):
+    return BIAS_RATES if variant == "moe-bias" else Z_COEFS
+
+
+def _variant_kwargs(variant, value, out):
+    lr, balance = chosen(_search_records(out) if out is not None else load_search()["runs"])["moe"]
+    key = "bias_rate" if variant == "moe-bias" else "z_loss"
+    return dict(lr=lr, balance=balance, **{key: value})
+
+
+def _variant_search(variant, value, out, log=print) -> dict:
+    """Seed 0 of ``variant`` at ``u`` or z-coefficient ``value``: weights and validation record to
+    ``out/parts/balancing_{variant}_{value}.{pt,json}`` (no test)."""
+    t0 = time.time()
+    model, history = train(variant, seed=0, **_variant_kwargs(variant, value, None))
+    model = _rounded(model)
+    tag = f"balancing_{variant}_{value:g}"
+    save_model(Path(out) / "parts" / f"{tag}.pt", model, history)
+    rec = dict(kind=variant, value=value, validation=history.best_eval, best_step=history.best_step,
+               curve=history.eval, aux=history.extra["aux"], z_train=history.extra["z"],
+               **router_stats(model, data().validation))
+    write_json(Path(out) / "parts" / f"{tag}.json", rec)
+    log(f"search {tag}: validation {history.best_eval:.4f} at step {history.best_step} "
+        f"max/mean {[round(max(x) * len(x) / sum(x), 3) for x in rec['loads']]} ({time.time() - t0:.0f} s)")
+    return rec
+
+
+def chosen_balancing(search: list) -> dict:
+    """``{variant: value}``: the ``u`` (``moe-bias``) or z-loss coefficient (``moe-z``) of lowest
+    validation bits per character among the search's records (seed 0)."""
+    best = {}
+    for v in VARIANTS:
+        recs = [r for r in search if r["kind"] == v]
+        if len(recs) != len(_variant_grid(v)):
+            raise ValueError(f"the search holds {len(recs)} records of {v!r}, expected {len(_variant_grid(v))}")
+        best[v] = min(recs, key=lambda r: r["validation"])["value"]
+    return best
+
+
+def _variant_records(out) -> list:
+    return [json.loads((Path(out) / "parts" / f"balancing_{v}_{x:g}.json").read_text())
+            for v in VARIANTS for x in _variant_grid(v)]
+
+
+def _variant_run(variant, seed, out, log=print) -> dict:
+    """One seed of ``variant`` at the value chosen on validation (seed 0 is the search's run)."""
+    t0 = time.time()
+    value = chosen_balancing(_variant_records(out))[variant]
+    if seed == 0:
+        model, history = load_model(Path(out) / "parts" / f"balancing_{variant}_{value:g}.pt", MoELM, MoELMConfig)
+        save(model, history, out, variant)
+    else:
+        model, history = train(variant, seed=seed, **_variant_kwargs(variant, value, None))
+        model = _rounded(model)
+        save_model(Path(out) / f"experts_{variant}_seed{seed}.pt", model, history)
+    lp, ok = modern.predictions(model, data().test)
+    run = dict(seed=seed, value=value, best_step=history.best_step, curve=history.eval,
+               aux=history.extra["aux"], z_train=history.extra["z"], validation=evaluate(model, "validation"),
+               test=float(-lp.mean()), **router_stats(model, data().validation))
+    write_json(Path(out) / "parts" / f"experts_{variant}_seed{seed}.json", run)
+    log(f"{variant} seed {seed}: validation {run['validation']:.4f} test {run['test']:.4f} "
+        f"({time.time() - t0:.0f} s)")
+    return run
+
+
+def _merge_balancing(out) -> None:
+    parts = [Path(out) / "parts" / f"balancing_{v}_{x:g}.json" for v in VARIANTS for x in _variant_grid(v)]
+    runs = {v: [Path(out) / "parts" / f"experts_{v}_seed{s}.json" for s in RECIPE["seeds"]] for v in VARIANTS}
+    if not all(p.exists() for p in parts) or not all(p.exists() for v in VARIANTS for p in runs[v]):
+        return
+    search = _variant_records(out)
+    write_json(Path(out) / "experts_balancing.json",
+               {"bias_rates": list(BIAS_RATES), "z_coefs": list(Z_COEFS), "moe": _variant_kwargs("moe-bias", 0, None),
+                "chosen": chosen_balancing(search), "search": search,
+                "runs": {v: [json.loads(p.read_text()) for p in runs[v]] for v in VARIANTS}})
+
+
+def load_balancing(folder=None) -> dict:
+    """The shipped ``experts_balancing.json``: the search (seed 0, validation) and every seed's scores."""
+    return load_json("experts_balancing.json", folder)
 
 
 # ----------------------------------------------------------------------------- LoRA
@@ -457,6 +610,9 @@ def main(argv=None) -> None:  # pragma: no cover - the command that writes the s
         parser.add_argument("--runs", default=",".join(f"{k}:{s}" for k in KINDS for s in RECIPE["seeds"]),
                             help="comma-separated kind:seed pairs, or 'none'")
         parser.add_argument("--lora", default=",".join(SETTINGS), help="comma-separated LoRA settings, or 'none'")
+        parser.add_argument("--balancing", default="all",
+                            help="'all', 'none', or comma-separated variant:value (search, seed 0) and "
+                                 "variant:seedN (a run at the chosen value) items")
 
     def run(out, args):
         Path(out).mkdir(parents=True, exist_ok=True)
@@ -471,6 +627,16 @@ def main(argv=None) -> None:  # pragma: no cover - the command that writes the s
         for name in ([] if args.lora == "none" else args.lora.split(",")):
             _run_lora(name, out, log=lambda s: print(s, flush=True))
         _merge_lora(out)
+        items = ([f"{v}:{x:g}" for v in VARIANTS for x in _variant_grid(v)]
+                 + [f"{v}:seed{s}" for v in VARIANTS for s in RECIPE["seeds"]]) if args.balancing == "all" else (
+            [] if args.balancing == "none" else args.balancing.split(","))
+        for item in items:
+            variant, what = item.split(":")
+            if what.startswith("seed"):
+                _variant_run(variant, int(what[4:]), out, log=lambda s: print(s, flush=True))
+            else:
+                _variant_search(variant, float(what), out, log=lambda s: print(s, flush=True))
+        _merge_balancing(out)
 
     cli(__doc__, run, add, argv=argv)
 

@@ -2,11 +2,14 @@
 
 * :class:`MoE`: a router ``W_router (D, E)``, ``E`` SwiGLU experts, ``top_k`` experts per
   token, an optional shared expert and an optional capacity factor; ``forward`` is
-  :func:`tfbook.torch.moe` and leaves the balance loss of the batch in ``aux_loss`` (and,
-  with ``record = True``, the routing in ``routing``).
+  :func:`tfbook.torch.moe` and leaves the balance loss of the batch in ``aux_loss``, its
+  router z-loss in ``z_loss`` (and, with ``record = True``, the routing in ``routing``); with
+  ``router_bias=True`` it routes as DeepSeek-V3 (a per-expert bias, a buffer nudged by
+  :meth:`MoE.update_bias`, chooses the experts; the gates stay the unbiased probabilities).
 * :class:`MoELMConfig` and :class:`MoELM`: the Llama-style model of chapter 14 with a
   :class:`MoE` in place of every block's MLP; :meth:`MoELM.aux_loss` is the mean balance
-  loss of its layers, which a training loss adds with a small coefficient.
+  loss of its layers, which a training loss adds with a small coefficient; :meth:`MoELM.z_loss`
+  the mean router z-loss; :meth:`MoELM.update_bias` one bias step of every layer.
 * :class:`LoRALinear`: a frozen weight plus a trainable low-rank update
   (:func:`tfbook.torch.lora_linear`); :func:`add_lora` puts such an update on named weight
   matrices of any model (a parametrization: the weight the model reads is
@@ -39,12 +42,19 @@ class MoE(nn.Module):
 
     ``forward(X (..., D)) -> Y (..., D)``; after each call ``aux_loss`` holds the balance loss
     of that batch (:func:`tfbook.torch.load_balancing_loss`, differentiable through the router
-    probabilities) and, when ``record`` is True, ``routing`` holds the routing dict of
-    :func:`tfbook.torch.moe` (detached).
+    probabilities), ``z_loss`` its router z-loss (:func:`tfbook.torch.router_z_loss` of the
+    logits ``X W_router``, differentiable; only when gradients are on, None otherwise, so that an
+    evaluation pays for no extra product) and, when ``record`` is True, ``routing`` holds the
+    routing dict of :func:`tfbook.torch.moe` (detached).
+
+    ``router_bias=True`` adds the buffer ``bias (E,)`` (zeros at the start, never trained by
+    gradients): the experts are chosen by ``probs + bias`` and gated by ``probs``
+    (:func:`tfbook.torch.biased_top_k_router`); :meth:`update_bias` moves it by ``rate`` towards
+    the experts the last training batch under-used (:func:`tfbook.torch.balance_bias_update`).
     """
 
     def __init__(self, d_model: int, d_ff: int, num_experts: int, top_k: int = 2, shared_d_ff: int = 0,
-                 capacity_factor: float | None = None):
+                 capacity_factor: float | None = None, router_bias: bool = False):
         super().__init__()
         self.d_model = V.check_positive_int("d_model", d_model)
         self.d_ff = V.check_positive_int("d_ff", d_ff)
@@ -58,8 +68,14 @@ class MoE(nn.Module):
         self.experts = nn.ModuleList(SwiGLU(d_model, d_ff) for _ in range(num_experts))
         self.shared = SwiGLU(d_model, shared_d_ff) if shared_d_ff else None
         self.aux_loss: torch.Tensor | None = None
+        self.z_loss: torch.Tensor | None = None
         self.record = False
         self.routing: dict | None = None
+        if not isinstance(router_bias, bool):
+            raise ValueError(f"router_bias must be True or False, got {router_bias!r}")
+        self.router_bias = router_bias
+        self.register_buffer("bias", torch.zeros(num_experts) if router_bias else None)
+        self._last_experts: torch.Tensor | None = None  # the last training batch's choices (for update_bias)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -74,15 +90,31 @@ class MoE(nn.Module):
                 "shared": None if self.shared is None else self.shared.numpy_params()}
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
-        Y, routing = FE.moe(X, self.params(), self.top_k, self.capacity_factor)
+        Y, routing = FE.moe(X, self.params(), self.top_k, self.capacity_factor, bias=self.bias)
         self.aux_loss = FE.load_balancing_loss(routing["probs"], routing["experts"])
+        # the z-loss costs one more router product: only where it can be trained (gradients on)
+        self.z_loss = FE.router_z_loss(X @ self.W_router) if torch.is_grad_enabled() else None
+        if self.bias is not None and self.training and torch.is_grad_enabled():
+            self._last_experts = routing["experts"].detach()
         if self.record:
             self.routing = {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in routing.items()}
         return Y
 
+    @torch.no_grad()
+    def update_bias(self, rate: float) -> None:
+        """DeepSeek-V3's step ``bias += rate * sign(mean load - load)``, the load counted on the
+        last forward pass in training mode with gradients on (a training batch, not an evaluation)."""
+        if self.bias is None:
+            raise ValueError("update_bias needs router_bias=True")
+        if self._last_experts is None:
+            raise ValueError("update_bias needs a training forward pass first")
+        self.bias.copy_(FE.balance_bias_update(self.bias, self._last_experts, rate))
+        self._last_experts = None
+
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, d_ff={self.d_ff}, num_experts={self.num_experts}, top_k={self.top_k}, "
-                f"shared_d_ff={self.shared_d_ff}, capacity_factor={self.capacity_factor}")
+                f"shared_d_ff={self.shared_d_ff}, capacity_factor={self.capacity_factor}, "
+                f"router_bias={self.router_bias}")
 
 
 @dataclass(frozen=True)
@@ -91,12 +123,14 @@ class MoELMConfig(LlamaLMConfig):
 
     ``d_ff`` is the width of each expert. Additional attributes: ``num_experts`` (E),
     ``top_k`` (k, experts per token), ``shared_d_ff`` (width of a shared expert, 0 for none),
-    ``capacity_factor`` (None: dropless).
+    ``capacity_factor`` (None: dropless), ``router_bias`` (DeepSeek-V3's balancing bias in
+    every layer, :class:`MoE`).
     """
     num_experts: int = 8  # E
     top_k: int = 2  # k experts per token
     shared_d_ff: int = 0  # width of the shared expert every token passes (0: none)
     capacity_factor: float | None = None  # None: every assignment computed (dropless)
+    router_bias: bool = False  # True: a per-expert bias chooses the experts (DeepSeek-V3)
 
     def __post_init__(self):
         super().__post_init__()
@@ -106,6 +140,8 @@ class MoELMConfig(LlamaLMConfig):
             raise ValueError(f"top_k={self.top_k} exceeds num_experts={self.num_experts}")
         V.check_positive_int("shared_d_ff", self.shared_d_ff, minimum=0)
         FE._check_capacity_factor(self.capacity_factor)
+        if not isinstance(self.router_bias, bool):
+            raise ValueError(f"router_bias must be True or False, got {self.router_bias!r}")
 
 
 class MoELM(LlamaLM):
@@ -117,7 +153,8 @@ class MoELM(LlamaLM):
         super().__init__(config)
         c = config
         for block in self.blocks:
-            block.mlp = MoE(c.d_model, c.d_ff, c.num_experts, c.top_k, c.shared_d_ff, c.capacity_factor)
+            block.mlp = MoE(c.d_model, c.d_ff, c.num_experts, c.top_k, c.shared_d_ff, c.capacity_factor,
+                            router_bias=c.router_bias)
 
     def moe_layers(self) -> list:
         return [b.mlp for b in self.blocks]
@@ -128,6 +165,18 @@ class MoELM(LlamaLM):
         if any(x is None for x in losses):
             raise ValueError("aux_loss needs a forward pass first")
         return torch.stack(losses).mean()
+
+    def z_loss(self) -> torch.Tensor:
+        """The mean router z-loss of the layers, from the last forward pass."""
+        losses = [m.z_loss for m in self.moe_layers()]
+        if any(x is None for x in losses):
+            raise ValueError("z_loss needs a forward pass with gradients on first")
+        return torch.stack(losses).mean()
+
+    def update_bias(self, rate: float) -> None:
+        """One bias step (:meth:`MoE.update_bias`) in every layer (``router_bias=True`` only)."""
+        for m in self.moe_layers():
+            m.update_bias(rate)
 
     def record_routing(self, on: bool = True) -> None:
         """Keep (``on``) or stop keeping each layer's routing of the last forward pass."""

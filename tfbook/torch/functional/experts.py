@@ -15,6 +15,7 @@ from ... import _validate as _v
 from ...numpy.experts import (
     _check_balance,
     _check_bias,
+    _check_score,
     _check_rate,
     _check_capacity_factor,
     _check_lora,
@@ -73,14 +74,16 @@ def router_z_loss(logits):
     return (torch.logsumexp(logits, dim=-1) ** 2).mean()
 
 
-def biased_top_k_router(X, W_router, k, bias):
+def biased_top_k_router(X, W_router, k, bias, score="softmax"):
     """DeepSeek-V3's choice by ``probs + bias`` with the unbiased ``probs`` as gates;
-    ``(weights, experts, probs)`` as :func:`top_k_router`. See :func:`tfbook.numpy.biased_top_k_router`."""
+    ``(weights, experts, probs)`` as :func:`top_k_router`; ``score="sigmoid"`` scores as DeepSeek-V3.
+    See :func:`tfbook.numpy.biased_top_k_router`."""
     X, W_router = _float(X, "X"), _float(W_router, "W_router")
     k, E = _check_router(X, W_router, k)
     bias = torch.as_tensor(bias, dtype=X.dtype, device=X.device)
     _check_bias(bias, E, f"W_router: {tuple(W_router.shape)}")
-    probs = torch.softmax(X @ W_router, dim=-1)
+    logits = X @ W_router
+    probs = torch.softmax(logits, dim=-1) if _check_score(score) == "softmax" else torch.sigmoid(logits)
     _, experts = torch.topk(probs + bias.detach(), k, dim=-1)  # the bias chooses, it never gates
     top = probs.gather(-1, experts)
     return top / top.sum(dim=-1, keepdim=True), experts, probs
@@ -120,14 +123,18 @@ def _keep(experts2, E, C):
     return (position < C).reshape(k, N).T  # (N, k)
 
 
-def moe(X, params, k, capacity_factor=None):
+def moe(X, params, k, capacity_factor=None, bias=None):
     """Sparse mixture of experts: ``Y[n] = sum_j kept[n, j] weights[n, j] expert_{experts[n, j]}(X[n])
     + shared(X[n])``; returns ``(Y (..., D), routing)`` as :func:`tfbook.numpy.moe`
-    (``routing``: ``weights``, ``experts``, ``probs``, ``kept``, ``load (E,)``, ``dropped``)."""
+    (``routing``: ``weights``, ``experts``, ``probs``, ``kept``, ``load (E,)``, ``dropped``).
+    ``bias (E,)``: route with :func:`biased_top_k_router` (None: :func:`top_k_router`)."""
     X = _float(X, "X")
     k, E = _check_moe_params(X, params, k)
     cf = _check_capacity_factor(capacity_factor)
-    weights, experts, probs = top_k_router(X, params["W_router"], k)
+    if bias is None:
+        weights, experts, probs = top_k_router(X, params["W_router"], k)
+    else:
+        weights, experts, probs = biased_top_k_router(X, params["W_router"], k, bias)
     D = X.shape[-1]
     X2, w2, e2 = X.reshape(-1, D), weights.reshape(-1, k), experts.reshape(-1, k)  # (N, D), (N, k), (N, k)
     N = X2.shape[0]
