@@ -14,7 +14,7 @@ copied from the chapter's own cells (no other cell of the chapter runs)."""
 from __future__ import annotations
 
 import pytest
-from exercise_harness import code, exercise_tests, plan, run, variant
+from exercise_harness import check_mistake_fails_visible_test, check_solution_passes_whole_cell, code, exercise_tests, master, plan, run, variant
 
 CHAPTERS = ("15_vision_transformer", "16_cost", "17_efficient_attention", "18_parallel_training", "A_history")
 
@@ -351,3 +351,35 @@ def test_hidden_cases_catch_what_the_visible_tests_let_through(chapter, gid, wro
     assert exc is None, (wrong, "the visible part already fails", exc, printed)
     exc, printed = run(chapter, source, plan(chapter).test(gid).source)
     assert exc is not None, (wrong, "no hidden case caught it", printed)
+
+
+# Exercise 17.2 predicts a number that an ordinary cell of the chapter computes (window_cache_mib); each
+# answer below runs that cell first, then the prediction. 6.0 is the trap of taking G for the number of
+# cached heads: the chapter's G = H / H_KV is the group size (4 here), the cache holds H_KV = 3 heads.
+def _ch17_cache_cell() -> str:
+    return next(c.source for c in master("17_efficient_attention").cells
+                if c.cell_type == "code" and "window_cache_mib =" in c.source and not c.metadata.get("nbgrader"))
+
+
+PREDICTION_MISTAKES_17_2 = {
+    "G taken for the cached heads": ("prediction_17_2 = 2 * 12 * 4 * 64 * 512 * 2 / 2**20", "G = 4 as the number of cached heads"),
+    "no grouping": ("prediction_17_2 = 2 * 12 * 12 * 64 * 512 * 2 / 2**20", "all 12 heads (no grouping)"),
+    "no window": ("prediction_17_2 = 2 * 12 * 3 * 64 * 2048 * 2 / 2**20", "all 2048 tokens (no window)"),
+    "keys only": ("prediction_17_2 = 12 * 3 * 64 * 512 * 2 / 2**20", "the keys alone"),
+    "float32": ("prediction_17_2 = 2 * 12 * 3 * 64 * 512 * 4 / 2**20", "float32"),
+}
+
+
+@pytest.mark.parametrize("mistake", PREDICTION_MISTAKES_17_2)
+def test_exercise_17_2_named_mistakes(mistake):
+    wrong, words = PREDICTION_MISTAKES_17_2[mistake]
+    check_mistake_fails_visible_test("17_efficient_attention", "ex17-2-window-gqa-cache-tests", mistake,
+                                     _ch17_cache_cell() + "\n" + wrong, words)
+
+
+def test_exercise_17_2_solution_passes():
+    gid = "ex17-2-window-gqa-cache-tests"
+    test = plan("17_efficient_attention").test(gid)
+    exc, printed = run("17_efficient_attention",
+                       _ch17_cache_cell() + "\n" + plan("17_efficient_attention").answers[test.answer], test.source)
+    assert exc is None and "✘" not in printed, (exc, printed)
