@@ -4,7 +4,8 @@ The shipped result must meet the chapter's claims, and seed 0 of RoPE (the schem
 spread) retrained here must give the shipped accuracies within 2 points per position (float64
 training; about 5 s of CPU). The four shipped seed-0 models (float16 weights, which chapter 7
 evaluates instead of training) must give the recorded accuracies, and ALiBi's retrained here must
-round to the shipped weights.
+round to the shipped weights. The second task (copy the token 3 back, ``L.OFFSET``) ships the float16
+weights of all 12 runs, which must give its record and meet the chapter's claims.
 """
 
 import numpy as np
