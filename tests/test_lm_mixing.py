@@ -120,6 +120,9 @@ def test_shipped_result():
     r = mixing.load_pretrained()
     assert r["K"] in mixing.ORDERS and r["discount"] in mixing.DISCOUNTS and r["strength"] in mixing.STRENGTHS
     assert r["search"][f"{r['K']}:{r['discount']}:{r['strength']}"] == min(r["search"].values())   # chosen on validation
+    # inside the grid on all three (D = 1 and s = 0 are the bounds of the model, not of a search)
+    assert r["K"] != max(mixing.ORDERS) and r["discount"] not in (min(mixing.DISCOUNTS), max(mixing.DISCOUNTS))
+    assert r["strength"] not in (max(mixing.STRENGTHS),) and r["K"] != min(mixing.ORDERS)
     assert r["counts"]["test"] < r["counts"]["test_static"]       # learning from the test text helps
     for name, m in r["mixtures"].items():
         assert m["rule"] == min(m["cross_validation"], key=m["cross_validation"].get)
