@@ -83,7 +83,7 @@ def test_copy_shipped_claims_and_weights():
             assert np.abs(acc - np.array(res[kind][seed])).max() <= 0.002, (kind, seed)
     seen = {k: np.array([np.mean(a[:n_seen]) for a in res[k]]) for k in L.KINDS}
     unseen = {k: np.array([np.mean(a[n_seen:]) for a in res[k]]) for k in L.KINDS}
-    assert min(seen[k].min() for k in ("table", "sinusoidal", "rope")) > 0.95
+    assert min(seen[k].min() for k in ("table", "sinusoidal", "rope")) > 0.995  # the page: "over 99.5%", averaged over positions 3-15
     assert seen["alibi"].max() < 0.5 and unseen["alibi"].max() < 0.5
     assert unseen["table"].max() < 0.2 and unseen["rope"].min() > 0.8
 
