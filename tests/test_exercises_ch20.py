@@ -84,4 +84,4 @@ MISTAKES = {"20_serving": {
 }}
 
 
-globals().update(exercise_tests(MISTAKES, CHAPTERS))
+globals().update(exercise_tests(MISTAKES, CHAPTERS, via="judge"))  # 20.3 reads the page's alpha and c_draft

@@ -119,3 +119,26 @@ def test_time_speculative_counts_plain_and_speculative_runs():
     assert tm["runs"][0] == {**tm["runs"][0], "passes": 8, "drafted": 0, "emitted": 8}
     assert tm["runs"][2] == {**tm["runs"][2], "passes": 3, "drafted": 6, "emitted": 9}
     assert all(r["seconds"] > 0 for r in tm["runs"].values()) and tm["target_pass"] > 0 and tm["draft_pass"] > 0
+
+
+def test_time_speculative_records_no_autograd_graph():
+    """The runs (speculative_generate is no_grad) and the single passes that give c are timed in the same
+    state, with no graph recorded, whatever the caller's autograd setting."""
+    from tfbook.tasks import prose
+
+    small, _ = prose.load_pretrained("small")
+    prompt = prose.data().test[:64].tolist()
+    seen = []
+
+    class Spy(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model, self.config = model, model.config
+
+        def forward(self, x):
+            seen.append(torch.is_grad_enabled())
+            return self.model(x)
+
+    with torch.enable_grad():
+        sv.time_speculative(Spy(small), small, prompt, 2, (0,), seed=0, repeats=1)
+    assert seen and not any(seen)

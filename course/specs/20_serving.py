@@ -11,5 +11,6 @@ HIDDEN = {
         "E": "a draft that is almost always right and almost free, with a longer range of lengths",
         "F": "a draft that is never right: the shortest draft",
         "G": "an expensive draft and a short range of lengths",
+        "H": "this page's acceptance rate with a draft twice as costly as the one measured on the page, lengths 1 to 8",
     },
 }

@@ -437,9 +437,10 @@ def time_speculative(target, draft, prompt, n, gammas, seed=0, repeats=2):
                                        repeats=repeats, min_seconds=0.0, stat="min")
             out = box["out"]  # the same tokens and counts every call (same seed)
             runs[int(g)] = dict(seconds=secs, passes=out["passes"], drafted=out["drafted"], emitted=out["emitted"])
-        # as speculative_generate calls them (autograd on: the pass records its graph there too)
-        t_pass = measure.cpu_seconds(lambda: target(ctx), repeats=5, stat="min")
-        d_pass = measure.cpu_seconds(lambda: draft(ctx[:, -draft.config.block_size:]), repeats=5, stat="min")
+        # as speculative_generate (decorated no_grad) calls them: no autograd graph is recorded
+        with torch.no_grad():
+            t_pass = measure.cpu_seconds(lambda: target(ctx), repeats=5, stat="min")
+            d_pass = measure.cpu_seconds(lambda: draft(ctx[:, -draft.config.block_size:]), repeats=5, stat="min")
     return dict(runs=runs, target_pass=t_pass, draft_pass=d_pass)
 
 
