@@ -18,7 +18,7 @@ read-out of the query position, one row of 8 logits per queried key. Only the nu
 
 Splits as in :mod:`tfbook.tasks.retrieval`: fixed validation and test sets of 2,000 sequences
 (disjoint), fresh training batches with every held-out sequence rejected, best weights kept on
-validation. :func:`run` trains every (task, H) with 3 seeds; a model takes about 30 s of CPU on
+validation. :func:`run` trains every (task, H) with 3 seeds; a model takes 10 to 15 s of CPU on
 an idle core, so the command ships the measured result (``lookups_results.json``: the test
 accuracy, every queried value right, of each run; computed in float64 from the float16-rounded
 weights), the seed-0 weights of the four-key models (``lookups_four_h*.pt``) and the float16
