@@ -298,6 +298,23 @@ def test_collectives_of_one_step_are_counted(engines):
                                           "c10d._reduce_scatter_base_": CFG.num_layers + 1}
 
 
+def test_bytes_of_one_step_are_measured(engines):
+    """The bytes the counted collectives carry (the whole tensor each works on): DDP's all-reduces
+    and ZeRO-1's broadcasts each carry every parameter once (ZeRO-1: 1.5 x DDP's ring traffic);
+    FSDP2 gathers the blocks twice and the root once, its shards padded to whole rows per rank."""
+    model = parallel.make_model(CFG)
+    b8 = 8 * sum(p.numel() for p in model.parameters())
+    for r in engines:
+        assert r["ddp"]["step_bytes"] == {"c10d.allreduce_": b8}
+        assert r["zero1"]["step_bytes"] == {"c10d.allreduce_": b8, "c10d.broadcast_": b8}
+        padded = {n: -(-s[0] // 2) * 2 * math.prod(s[1:]) * 8 for n, s in r["fsdp"]["shapes"].items()}
+        blocks = sum(v for n, v in padded.items() if n.startswith("blocks."))
+        root = sum(padded.values()) - blocks
+        assert r["fsdp"]["step_bytes"] == {"c10d._allgather_base_": 2 * blocks + root,
+                                           "c10d._reduce_scatter_base_": blocks + root}
+        assert r["fsdp"]["step_bytes"]["c10d._reduce_scatter_base_"] >= b8
+
+
 _CP_SCRIPT = '''
 import torch, torch.distributed as dist
 import torch.nn.functional as F

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ._report import _collectives, _counts
+from ._report import _bytes, _collectives, _counts
 from .config import DPConfig, _loss, _sgd_step, make_batches, make_model, shard
 from .launch import _init_group, _launch
 
@@ -194,7 +194,7 @@ def _ddp_scheme(cfg: DPConfig, rank: int, world: int, device) -> dict:
             loss = _loss(ddp, xs, ys)
             loss.backward()
         if step == cfg.steps - 1:
-            step_comm = _counts(mode)
+            step_comm, step_bytes = _counts(mode), _bytes(mode)
         if grads is None:
             grads = {n: p.grad.detach().cpu().clone() for n, p in model.named_parameters()}
         if step == 1:  # after the first step DDP rebuilds its buckets in the order gradients became ready
@@ -234,7 +234,7 @@ def _ddp_scheme(cfg: DPConfig, rank: int, world: int, device) -> dict:
         flat.append(time.perf_counter() - t0)
     return {"losses": losses, "grads": grads,
             "params": {n: p.detach().cpu().clone() for n, p in model.named_parameters()},
-            "buckets": buckets, "overlap": overlap, "step_comm": step_comm,
+            "buckets": buckets, "overlap": overlap, "step_comm": step_comm, "step_bytes": step_bytes,
             "no_sync_sent": sent_in_no_sync, "no_sync_buckets_after": len(counted) - sent_in_no_sync,
             "no_sync_grads": {n: p.grad.detach().cpu().clone() for n, p in acc.named_parameters()},
             "allreduce_per_tensor_s": sorted(per_tensor)[len(per_tensor) // 2],

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ._report import _collectives, _counts, _full, _local, _optimizer_state_bytes, _tensor_bytes
+from ._report import _bytes, _collectives, _counts, _full, _local, _optimizer_state_bytes, _tensor_bytes
 from .config import DPConfig, _loss, make_batches, make_model, shard
 
 __all__ = ["single_process_adamw"]
@@ -42,11 +42,11 @@ def _zero1_scheme(cfg: DPConfig, rank: int, world: int, device, lr=0.01, weight_
             _loss(ddp, shard(x, rank, world).to(device), shard(y, rank, world).to(device)).backward()
             opt.step()  # each rank updates its own parameters, then broadcasts them to the others
         if step == cfg.steps - 1:
-            step_comm = _counts(mode)
+            step_comm, step_bytes = _counts(mode), _bytes(mode)
     local_opt = getattr(opt, "optim", opt)  # the optimiser of this rank's share (all of it without ZeRO)
     owned = sum(p.numel() for g in local_opt.param_groups for p in g["params"])
     return {"params": {n: p.detach().cpu().clone() for n, p in model.named_parameters()},
-            "owned_numel": owned, "state_bytes": _optimizer_state_bytes(local_opt), "step_comm": step_comm,
+            "owned_numel": owned, "state_bytes": _optimizer_state_bytes(local_opt), "step_comm": step_comm, "step_bytes": step_bytes,
             "param_bytes": _tensor_bytes(model.parameters()),
             "grad_bytes": _tensor_bytes(p.grad for p in model.parameters() if p.grad is not None)}
 
@@ -66,11 +66,11 @@ def _fsdp_scheme(cfg: DPConfig, rank: int, world: int, device, lr=0.01, weight_d
             _loss(model, shard(x, rank, world).to(device), shard(y, rank, world).to(device)).backward()
             opt.step()
         if step == cfg.steps - 1:
-            step_comm = _counts(mode)
+            step_comm, step_bytes = _counts(mode), _bytes(mode)
     local = {n: _local(p).numel() for n, p in model.named_parameters()}
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
     return {"params": {n: _full(p).detach().cpu().clone() for n, p in model.named_parameters()},
-            "local_numel": local, "shapes": shapes, "step_comm": step_comm,
+            "local_numel": local, "shapes": shapes, "step_comm": step_comm, "step_bytes": step_bytes,
             "param_bytes": _tensor_bytes(_local(p) for p in model.parameters()),
             "grad_bytes": _tensor_bytes(_local(p.grad) for p in model.parameters() if p.grad is not None),
             "state_bytes": _optimizer_state_bytes(opt)}
