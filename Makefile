@@ -109,8 +109,12 @@ ONE_THREAD := OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1
 # wide vectors for PyTorch's products, and two threads instead of one (other reduction
 # orders). An output that changes under it depends on the machine and fails here, not on a
 # reader's laptop (CONTRIBUTING.md, "Outputs that do not depend on the machine").
+# OMP_WAIT_POLICY=PASSIVE changes no number, only how an idle OpenMP thread waits: the two
+# notebooks that run at once (-n 2) have four threads for two cores, and spinning threads
+# burned their CPU (a 200-step training loop at load 6-9: 11-26 CPU-s spinning, 3.3 passive).
 PROFILE_B := ATEN_CPU_CAPABILITY=default OPENBLAS_CORETYPE=Sandybridge MKL_CBWR=COMPATIBLE \
-	ONEDNN_MAX_CPU_ISA=SSE41 OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 MKL_NUM_THREADS=2
+	ONEDNN_MAX_CPU_ISA=SSE41 OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 MKL_NUM_THREADS=2 \
+	OMP_WAIT_POLICY=PASSIVE
 # Both runs always happen; the target fails if either failed. The whole suite runs last, so
 # its summary is the last line printed.
 # --durations=25: the 25 slowest tests and notebook cells, printed above that summary (the
