@@ -141,6 +141,12 @@ MUTANTS["07_positional_information"] = {
                 return out
             """, "interleaved"),
         ("base ignored", _rot2(BASE="10000.0"), "the base argument was ignored"),
+        ("tnp.rope called", """
+            def rotary_2d(X, rows, cols, base=10000.0):
+                h = X.shape[-1] // 2
+                return np.concatenate([tnp.rope(X[..., :h], np.asarray(rows), base=base),
+                                       tnp.rope(X[..., h:], np.asarray(cols), base=base)], axis=-1)
+            """, "tnp.rope was called"),
     ],
 }
 
