@@ -75,8 +75,10 @@ def count_probs(train_ids, ids, K: int, discount: float, vocab_size: int, online
 
     from p_(-1) = 1/V, with a(hc) the count of h followed by c, A(h) = sum_c a(hc), N(h) the number
     of distinct c with a(hc) > 0, h' the context h without its oldest character and s >= 0 a
-    strength that passes more mass to the shorter context (the predictive rule of a
-    Pitman-Yor process with one customer per table, Teh 2006). Below the longest context the
+    strength that passes more mass to the shorter context (the predictive rule of a hierarchical
+    Pitman-Yor process with at most one table per character type, t_hc = min(1, a(hc)): Teh 2006's
+    approximation that recovers interpolated Kneser-Ney, D his discount and s his strength theta;
+    one customer per table, t_hc = a(hc), would give a(hc)(1 - D) instead). Below the longest context the
     counts are Kneser-Ney's continuation counts (an occurrence of hc counts once per distinct
     character x before it). The counts are taken over the text before the character: the
     training text and, with ``online=True``, the characters of ``ids`` already read. Returns
