@@ -119,6 +119,8 @@ def test_time_speculative_counts_plain_and_speculative_runs():
     assert tm["runs"][0] == {**tm["runs"][0], "passes": 8, "drafted": 0, "emitted": 8}
     assert tm["runs"][2] == {**tm["runs"][2], "passes": 3, "drafted": 6, "emitted": 9}
     assert all(r["seconds"] > 0 for r in tm["runs"].values()) and tm["target_pass"] > 0 and tm["draft_pass"] > 0
+    tm = sv.time_speculative(small, small, prompt, 4, (0,), seed=0, repeats=3)
+    assert len(tm["runs"][0]["each"]) == 3 and tm["runs"][0]["seconds"] == min(tm["runs"][0]["each"])
 
 
 def test_time_speculative_records_no_autograd_graph():

@@ -424,19 +424,27 @@ def time_speculative(target, draft, prompt, n, gammas, seed=0, repeats=2):
     (single-threaded, one warm-up call, the minimum over ``repeats``), so the figures are this
     machine's and are not checked by anything. Also times one pass of each model over a full
     window, to give the draft's cost ``c`` in target passes. Returns ``dict(runs={gamma: dict(
-    seconds, passes, drafted, emitted)}, target_pass, draft_pass)`` (seconds).
+    seconds, each, passes, drafted, emitted)}, target_pass, draft_pass)`` (seconds; ``each``: the
+    CPU seconds of every timed run, in order, whose spread shows the timing noise at the same passes).
     """
+    import time
+
     from .. import measure
 
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive int, got {repeats!r}")
     runs = {}
     ctx = torch.tensor(list(prompt)[-target.config.block_size:])[None]
     with measure.threads(1):
         for g in gammas:
-            box = {}
-            secs = measure.cpu_seconds(lambda: box.update(out=speculative_generate(target, draft, prompt, n, g, seed=seed)),
-                                       repeats=repeats, min_seconds=0.0, stat="min")
-            out = box["out"]  # the same tokens and counts every call (same seed)
-            runs[int(g)] = dict(seconds=secs, passes=out["passes"], drafted=out["drafted"], emitted=out["emitted"])
+            out = speculative_generate(target, draft, prompt, n, g, seed=seed)  # warm-up
+            each = []
+            for _ in range(repeats):  # as measure.cpu_seconds(..., stat="min"), keeping every run's time
+                t0 = time.thread_time()
+                out = speculative_generate(target, draft, prompt, n, g, seed=seed)  # the same tokens and counts (same seed)
+                each.append(time.thread_time() - t0)
+            runs[int(g)] = dict(seconds=min(each), each=each, passes=out["passes"], drafted=out["drafted"],
+                                emitted=out["emitted"])
         # as speculative_generate (decorated no_grad) calls them: no autograd graph is recorded
         with torch.no_grad():
             t_pass = measure.cpu_seconds(lambda: target(ctx), repeats=5, stat="min")
