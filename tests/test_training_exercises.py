@@ -83,6 +83,22 @@ def ls_ignored_rows_not_zeroed(logits, targets, epsilon, ignore_index=-100):
     return (_softmax_ok(logits) - _q(targets, c, logits.shape[-1], epsilon)) / c.sum()
 
 
+def ls_ignored_rows_eye(logits, targets, epsilon, ignore_index=-100):
+    """The raw targets one-hot by np.eye(V)[t]: the visible test's ignore_index -1 picks class V - 1."""
+    c = targets != ignore_index
+    V = logits.shape[-1]
+    q = (1 - epsilon) * np.eye(V)[targets] + epsilon / V
+    return (_softmax_ok(logits) - q) / c.sum()
+
+
+def ls_ignored_rows_no_class(logits, targets, epsilon, ignore_index=-100):
+    """The raw targets compared with arange(V): an ignored position's one-hot row is all zeros."""
+    c = targets != ignore_index
+    V = logits.shape[-1]
+    q = (1 - epsilon) * (targets[..., None] == np.arange(V)) + epsilon / V
+    return (_softmax_ok(logits) - q) / c.sum()
+
+
 def ls_no_max_shift(logits, targets, epsilon, ignore_index=-100):
     c = targets != ignore_index
     with np.errstate(all="ignore"):
@@ -104,6 +120,8 @@ CE_MISTAKES = [
     (ls_not_smoothed, "leaving the target one-hot", "padding"),
     (ls_divide_by_all, "dividing by all B*T positions", "padding"),
     (ls_ignored_rows_not_zeroed, "leaving nonzero rows at ignored positions", "padding"),
+    (ls_ignored_rows_eye, "leaving nonzero rows at ignored positions", "padding"),
+    (ls_ignored_rows_no_class, "leaving nonzero rows at ignored positions", "padding"),
     (ls_no_max_shift, "without subtracting the maximum logit", "large"),
     (ls_max_wrong_axis, "subtracting the maximum over the wrong axis", "large"),
 ]
