@@ -24,6 +24,13 @@ def test_results_record_the_choices():
     res = P.load_results()
     assert res["chosen_beta"] == max(P.BETAS, key=lambda b: res["sweep"][f"{b:g}"]["val_exact"])
     assert res["rm_lr"] == max(P.RM_LR_GRID, key=lambda lr: res["rm_grid"][f"{lr:g}"])
+    lr = max(P.DPO_LR_GRID, key=lambda lr: res["dpo_lr_grid"][f"{lr:g}"])
+    assert lr == res["dpo_lr"] == P.RECIPE["lr"]                      # the sweep's rate is the chosen one
+    assert P.DPO_LR_GRID[0] < lr < P.DPO_LR_GRID[-1]                   # bracketed
+    assert res["dpo_lr_grid"][f"{lr:g}"] == res["sweep"][f"{res['chosen_beta']:g}"]["val_exact"]
+    assert set(res["sweep_seeds"]) == {"0", "1", "2"} and res["sweep_seeds"]["0"] == res["sweep"]
+    for s in ("1", "2"):
+        assert set(res["sweep_seeds"][s]) == {f"{b:g}" for b in P.BETAS}
     for s in P.SEEDS:
         for split in ("validation", "test"):
             drawn = res["drawn"][str(s)][split]
@@ -74,6 +81,12 @@ def test_bad_input():
     with pytest.raises(ValueError, match="seed must be one of"):
         P.load_reward_model(5)
     with pytest.raises(ValueError, match="the sweep has beta"):
-        P.load_pretrained(1, 0.3)
+        P.load_pretrained(1, 0.2)
+    with pytest.raises(ValueError, match="the learning-rate grid"):
+        P.load_pretrained(1, lr=3e-4)                  # the grid is seed 0's
+    with pytest.raises(ValueError, match="the learning-rate grid"):
+        P.load_pretrained(0, 0.3, lr=3e-4)             # ... at the chosen beta
+    with pytest.raises(ValueError, match="the learning-rate grid"):
+        P.load_pretrained(0, lr=2e-4)
     assert P.verify("marba", "abram") and not P.verify("marb", "abram")
     assert np.isfinite(P.evaluate(P.sft_model(0), "validation"))

@@ -27,13 +27,17 @@ which no model here or in chapter 24 was trained to reverse.
   r(rejected))``, its learning rate chosen from :data:`RM_LR_GRID` on validation pair accuracy
   (seed 0);
 * DPO (:func:`tfbook.torch.functional.preferences.dpo_loss`) from the SFT model, reference =
-  the SFT model: ``beta`` swept over :data:`BETAS` at seed 0 and chosen on validation exact
-  match, then seeds 1 and 2 at the chosen ``beta``.
+  the SFT model: ``beta`` swept over :data:`BETAS` at the recipe's learning rate, chosen on
+  validation exact match at seed 0; then the learning rate chosen from :data:`DPO_LR_GRID` on
+  validation exact match at the chosen ``beta`` (seed 0); seeds 1 and 2 at the chosen
+  ``beta`` and learning rate. The sweep over ``beta`` is also trained for seeds 1 and 2 (at the
+  recipe's learning rate), so that its pattern has three seeds; no choice reads seeds 1-2.
 
-Shipped (``tfbook/weights/``, float16): ``prefs_dpo_beta{b}_seed0.pt`` (the sweep),
-``prefs_dpo_chosen_seed{1,2}.pt``, ``prefs_rm_seed{0,1,2}.pt`` and ``prefs_results.json``
-(recipe, pair counts, the sweep's validation figures, the choice, training losses).
-Regenerated, in about one and a half CPU-minutes (86 to 94 s measured), by::
+Shipped (``tfbook/weights/``, float16): ``prefs_dpo_beta{b}_seed{s}.pt`` (the sweep; at seeds 1
+and 2 the chosen ``beta`` is ``prefs_dpo_chosen_seed{s}.pt``), ``prefs_dpo_lr{lr}_seed0.pt``
+(the learning-rate grid at the chosen ``beta``, the recipe's rate being the sweep's file),
+``prefs_rm_seed{0,1,2}.pt`` and ``prefs_results.json`` (recipe, pair counts, the sweeps'
+validation figures, the choices, training losses). Regenerated, in about three CPU-minutes, by::
 
     python -m tfbook.tasks.preferences                 # or --out DIR; --quick: 20 steps, seed 0
 """
@@ -57,21 +61,24 @@ from ..torch.training import train as train_loop
 from . import instruct
 from ._common import Splits, cli, load_blob, load_decoder_lm, load_json, load_state, save_model, shipped, write_json
 
-__all__ = ["RECIPE", "BETAS", "RM_LR_GRID", "SEEDS", "pair_accuracy", "ARTIFACTS", "RewardModel", "words", "data", "sample", "verify", "drawn",
+__all__ = ["RECIPE", "BETAS", "RM_LR_GRID", "DPO_LR_GRID", "SEEDS", "pair_accuracy", "ARTIFACTS", "RewardModel", "words", "data", "sample", "verify", "drawn",
            "pairs_from", "pairs", "exact_and_logprob",
            "encode", "sequence_logprobs", "sft_model", "train", "train_reward_model", "evaluate", "load_pretrained",
            "load_reward_model", "load_results", "save", "main"]
 
 #: the shipped models' recipe; changing a number changes the weights (rerun the command).
-#: ``lr`` (DPO's) was fixed at 1e-4 after a 2 x 2 trial that is not shipped; ``rm_lr`` is the
-#: value the grid chose (the command re-chooses it from :data:`RM_LR_GRID`)
+#: ``lr`` (DPO's) and ``rm_lr`` are the values the grids chose (the command re-chooses them from
+#: :data:`DPO_LR_GRID` and :data:`RM_LR_GRID`); the sweep over ``beta`` runs at ``lr``
 RECIPE = dict(n_train=800, samples=4, max_new=12, T=32, steps=150, pairs=16, lr=1e-4, warmup=20,
               min_lr_ratio=0.1, grad_clip=1.0, rm_lr=1e-3, seed=0)
 BETAS = (0.1, 0.3, 1.0, 3.0, 10.0)
 RM_LR_GRID = (1e-4, 3e-4, 1e-3, 3e-3)  # the reward model's learning rate, chosen on validation pairs (seed 0)
+DPO_LR_GRID = (3e-5, 1e-4, 3e-4, 1e-3)  # DPO's learning rate at the chosen beta, chosen on validation exact match (seed 0)
 SEEDS = (0, 1, 2)
 ARTIFACTS = (tuple(f"prefs_dpo_beta{b:g}_seed0.pt" for b in BETAS)
              + tuple(f"prefs_dpo_chosen_seed{s}.pt" for s in (1, 2))
+             + tuple(f"prefs_dpo_beta{b:g}_seed{s}.pt" for s in (1, 2) for b in BETAS if b != 1.0)
+             + tuple(f"prefs_dpo_lr{lr:g}_seed0.pt" for lr in DPO_LR_GRID if lr != 1e-4)
              + tuple(f"prefs_rm_seed{s}.pt" for s in SEEDS) + ("prefs_results.json",))
 _SPLIT_CODE = {"train": 0, "validation": 1, "test": 2}
 
@@ -251,11 +258,13 @@ def _schedule(lr: float, steps: int):
     return ("warmup_cosine", min(RECIPE["warmup"], steps), lr * RECIPE["min_lr_ratio"])
 
 
-def train(beta: float = 0.1, seed: int = 0, steps: int | None = None, disable: bool = True
-          ) -> tuple[DecoderLM, History]:
+def train(beta: float = 0.1, seed: int = 0, steps: int | None = None, disable: bool = True,
+          lr: float | None = None) -> tuple[DecoderLM, History]:
     """DPO from the SFT model of ``seed`` on the training pairs of ``seed``; reference = that
-    SFT model (its log-probabilities computed once, in float64)."""
+    SFT model (its log-probabilities computed once, in float64); ``lr`` defaults to the
+    recipe's."""
     steps = RECIPE["steps"] if steps is None else int(steps)
+    lr = RECIPE["lr"] if lr is None else float(lr)
     ids_c, doc_c, ids_r, doc_r = _pair_tensors(seed)
     ref = sft_model(seed).double()
     with torch.no_grad():
@@ -269,10 +278,10 @@ def train(beta: float = 0.1, seed: int = 0, steps: int | None = None, disable: b
         lp = sequence_logprobs(m, ids, doc)
         return FP.dpo_loss(lp[:n], lp[n:], ref_c[idx].float(), ref_r[idx].float(), beta)
 
-    history = train_loop(policy, loss_fn, _batch_fn(len(ids_c)), steps, lr=RECIPE["lr"], grad_clip=RECIPE["grad_clip"],
-                         schedule=_schedule(RECIPE["lr"], steps), seed=seed, threads=1, deterministic=True,
+    history = train_loop(policy, loss_fn, _batch_fn(len(ids_c)), steps, lr=lr, grad_clip=RECIPE["grad_clip"],
+                         schedule=_schedule(lr, steps), seed=seed, threads=1, deterministic=True,
                          disable=disable, desc=f"dpo-beta{beta:g}")
-    history.extra["recipe"] = dict(RECIPE, beta=beta, seed=seed, steps=steps, pairs_train=len(ids_c))
+    history.extra["recipe"] = dict(RECIPE, lr=lr, beta=beta, seed=seed, steps=steps, pairs_train=len(ids_c))
     return policy.eval(), history
 
 
@@ -323,19 +332,28 @@ def load_results(folder=None) -> dict:
     return load_json("prefs_results.json", folder)
 
 
-def load_pretrained(seed: int = 0, beta: float | None = None, folder=None) -> tuple[DecoderLM, History]:
-    """A shipped DPO policy (float32, eval mode): ``beta`` one of :data:`BETAS` (seed 0 only),
-    or ``None`` for the chosen ``beta`` at ``seed``."""
+def load_pretrained(seed: int = 0, beta: float | None = None, folder=None, lr: float | None = None
+                    ) -> tuple[DecoderLM, History]:
+    """A shipped DPO policy (float32, eval mode): ``beta`` one of :data:`BETAS` (the sweep, every
+    seed, at the recipe's learning rate), or ``None`` for the chosen ``beta``; ``lr`` one of
+    :data:`DPO_LR_GRID` (seed 0 at the chosen ``beta`` only), or ``None`` for the recipe's rate,
+    which is the chosen one."""
     if seed not in SEEDS:
         raise ValueError(f"seed must be one of {SEEDS}, got {seed!r}")
-    if beta is None:
-        beta = load_results(folder)["chosen_beta"]
-        if seed != 0:
-            name = f"prefs_dpo_chosen_seed{seed}.pt"
-            return load_decoder_lm(name, None if folder is None else Path(folder) / name)
-    if beta not in BETAS or seed != 0:
-        raise ValueError(f"the sweep has beta in {BETAS} at seed 0, got beta={beta!r}, seed={seed!r}")
-    name = f"prefs_dpo_beta{beta:g}_seed0.pt"
+    chosen_beta = load_results(folder)["chosen_beta"]
+    beta = chosen_beta if beta is None else beta
+    lr = RECIPE["lr"] if lr is None else lr          # the chosen rate (the command checks it is the recipe's)
+    if beta not in BETAS:
+        raise ValueError(f"the sweep has beta in {BETAS}, got beta={beta!r}")
+    if lr not in DPO_LR_GRID or (lr != RECIPE["lr"] and (seed != 0 or beta != chosen_beta)):
+        raise ValueError(f"the learning-rate grid has lr in {DPO_LR_GRID} at seed 0 and beta={chosen_beta:g}; "
+                         f"every other run uses lr={RECIPE['lr']:g}; got lr={lr!r}, beta={beta!r}, seed={seed!r}")
+    if seed != 0 and beta == chosen_beta:
+        name = f"prefs_dpo_chosen_seed{seed}.pt"
+    elif lr != RECIPE["lr"]:
+        name = f"prefs_dpo_lr{lr:g}_seed0.pt"
+    else:
+        name = f"prefs_dpo_beta{beta:g}_seed{seed}.pt"
     return load_decoder_lm(name, None if folder is None else Path(folder) / name)
 
 
@@ -377,20 +395,36 @@ def main(argv=None) -> None:  # pragma: no cover - the command that writes the s
         res["drawn"] = {str(s): {sp: drawn(sp, s) for sp in ("validation", "test")} for s in seeds}
         sft_val = evaluate(sft_model(0))
         res["sft_val_exact"] = sft_val
+
+        def run_dpo(b, s, lr, name):
+            m, h = train(b, s, steps, lr=lr)
+            save(m, h, out, name)
+            m = load_decoder_lm("x", out / name)[0]
+            fig = {"val_exact": evaluate(m), "final_loss": float(np.mean(h.loss[-20:]))}
+            print(f"{name}: {fig} ({time.process_time() - t0:.0f} s CPU)", flush=True)
+            return fig
+
         for b in BETAS:
-            m, h = train(b, 0, steps)
-            save(m, h, out, f"prefs_dpo_beta{b:g}_seed0.pt")
-            m = load_decoder_lm("x", out / f"prefs_dpo_beta{b:g}_seed0.pt")[0]
-            res["sweep"][f"{b:g}"] = {"val_exact": evaluate(m), "final_loss": float(np.mean(h.loss[-20:]))}
-            print(f"beta {b:g}: {res['sweep'][f'{b:g}']} (SFT {sft_val:.3f}; {time.process_time() - t0:.0f} s CPU)",
-                  flush=True)
+            res["sweep"][f"{b:g}"] = run_dpo(b, 0, RECIPE["lr"], f"prefs_dpo_beta{b:g}_seed0.pt")
         chosen = max(BETAS, key=lambda b: res["sweep"][f"{b:g}"]["val_exact"])  # ties: the smaller beta
         res["chosen_beta"] = chosen
+        # DPO's learning rate at the chosen beta (seed 0): the recipe's rate is the sweep's run
+        res["dpo_lr_grid"] = {f"{lr:g}": (res["sweep"][f"{chosen:g}"]["val_exact"] if lr == RECIPE["lr"] else
+                                          run_dpo(chosen, 0, lr, f"prefs_dpo_lr{lr:g}_seed0.pt")["val_exact"])
+                              for lr in DPO_LR_GRID}
+        dpo_lr = max(DPO_LR_GRID, key=lambda lr: res["dpo_lr_grid"][f"{lr:g}"])   # ties: the smaller rate
+        res["dpo_lr"] = dpo_lr
+        if dpo_lr != RECIPE["lr"]:
+            raise SystemExit(f"validation chose DPO's lr {dpo_lr:g}: set RECIPE['lr'] to it and rerun")
+        # the sweep at seeds 1 and 2 (its pattern with three seeds; no choice reads it)
+        res["sweep_seeds"] = {"0": res["sweep"]}
         for s in seeds:
             if s != 0:
-                m, h = train(chosen, s, steps)
-                save(m, h, out, f"prefs_dpo_chosen_seed{s}.pt")
-                res["runs"][f"dpo_seed{s}"] = {"final_loss": float(np.mean(h.loss[-20:]))}
+                res["sweep_seeds"][str(s)] = {
+                    f"{b:g}": run_dpo(b, s, RECIPE["lr"], f"prefs_dpo_chosen_seed{s}.pt" if b == chosen
+                                      else f"prefs_dpo_beta{b:g}_seed{s}.pt") for b in BETAS}
+                res["runs"][f"dpo_seed{s}"] = {"final_loss": res["sweep_seeds"][str(s)][f"{chosen:g}"]["final_loss"]}
+        for s in seeds:
             if s == 0:  # the reward model's learning rate, chosen on validation pair accuracy
                 grid = {lr: train_reward_model(0, steps, lr=lr) for lr in RM_LR_GRID}
                 res["rm_grid"] = {f"{lr:g}": pair_accuracy(m.double(), pairs("validation", 0)) for lr, (m, _) in grid.items()}
