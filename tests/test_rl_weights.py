@@ -23,11 +23,18 @@ def shipped():
 
 def test_results_shape_and_choices(shipped):
     _, res = shipped
-    assert set(res["runs"]) == set(rlvr.METHODS)
-    assert all(len(res["runs"][m]) == len(rlvr.SEEDS) for m in rlvr.METHODS)
+    assert set(res["runs"]) == {*rlvr.METHODS, "rs_matched"}
+    assert all(len(res["runs"][m]) == len(rlvr.SEEDS) for m in res["runs"])
     c = res["chosen"]
     assert c["lr"] in rlvr.SEARCH["lr"] and c["group"] in rlvr.SEARCH["group"]
     assert c["beta"] in rlvr.SEARCH["beta"] and c["rs_lr"] in rlvr.SEARCH["rs_lr"]
+    # rejection sampling at GRPO's prompts x group: its rate is the best of its seed-0 validation search,
+    # and seed 0 of its final runs is that search run
+    matched = [s for s in res["search"] if s["method"] == "rs" and s.get("group") == c["group"]]
+    assert [s["lr"] for s in matched] == list(rlvr.RS_MATCHED_LR)
+    assert c["rs_matched_lr"] == max(matched, key=lambda s: s["score"])["lr"]
+    run0 = res["runs"]["rs_matched"][0]
+    assert abs(float(np.mean(run0["eval"][-3:])) - max(s["score"] for s in matched)) < 1e-12
     steps = res["runs"]["grpo"][0]["eval_step"]
     assert steps[0] == 0 and steps[-1] == rlvr.RECIPE["steps"]
 
@@ -37,7 +44,7 @@ def test_base_half_solves_and_final_models_match_their_curves(shipped):
     val = rlvr.data().validation
     base = addition.exact_match(models["base"], val).double().mean().item()
     assert abs(base - res["base_validation"]) <= 0.001 + 1e-12 and 0.6 < base < 0.8   # one item: float32 near-ties may flip on another CPU
-    for m in rlvr.METHODS:
+    for m in (*rlvr.METHODS, "rs_matched"):
         for model, run in zip(models[m], res["runs"][m]):
             em = addition.exact_match(model, val).double().mean().item()
             assert abs(em - run["eval"][-1]) <= 0.004, (m, em, run["eval"][-1])  # float16 differences
