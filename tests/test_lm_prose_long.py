@@ -171,7 +171,8 @@ def test_shipped_seed0_scores_recomputed_on_the_whole_test_slice(one_thread):
         assert mixing.bits(mixing.mix(p_model, p_counts, cls, lam)) == pytest.approx(rec["test"], abs=1e-3), name
         static[name] = mixing.bits(mixing.mix(p_model, p_static, cls, lam))
         assert static[name] == pytest.approx(rec["test_static_counts"], abs=1e-3), name
-    # the page's point: learning from the test text puts the adapting mixture ahead of zpaq, frozen counts do not
+    # the page's control: with the counts frozen (the weights and classes fitted for the learning counts) the
+    # adapting mixture is behind zpaq; a mixture refitted for frozen counts is not measured
     assert static["adapting"] > scores["classical"]["zpaq"]["test"] > mix_rec["mixtures"]["adapting"]["test"]
     from tfbook import ngram
     z = scores["classical"]["zpaq"]
