@@ -44,7 +44,7 @@ from torch import nn
 from ..torch.training import History
 from ..torch.training import train as train_loop
 from ._common import Splits, cli, load_blob, load_json, load_state, pick, shipped, write_json
-from .duplicates import N_LETTERS, RECIPE, T, PoolingConfig, PoolingEncoder, accuracy
+from .duplicates import N_LETTERS, RECIPE, T, PoolingConfig, PoolingEncoder, _rounded, accuracy
 
 __all__ = ["N_LETTERS", "T", "VARIANTS", "SEEDS", "RECIPE", "ARTIFACTS", "sample", "data", "config",
            "make_model", "train", "evaluate", "cross_entropy", "run", "save", "load_seed", "load_results", "load_pretrained", "main"]
@@ -147,14 +147,6 @@ def train(variant: str = "set", seed: int = 0, steps: int | None = None,
         seed=seed, threads=1, deterministic=True, disable=disable, desc=f"ends {variant} s{seed}")
     history.extra.update(recipe=r, variant=variant)
     return model.eval(), history
-
-
-def _rounded(model: PoolingEncoder) -> PoolingEncoder:
-    m = copy.deepcopy(model)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.copy_(p.half().float())
-    return m.eval()
 
 
 def run(seeds=SEEDS, steps: int | None = None, disable: bool = True,
